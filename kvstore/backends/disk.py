@@ -1,0 +1,181 @@
+"""Disk backend (`disk:PATH`): one file per block, sharded by key prefix.
+
+    PATH/ab/abcdef....blk     a block (only ever appears complete, via os.replace)
+    PATH/ab/abcdef....pin     an empty marker: the block is pinned (survives restarts)
+    PATH/ab/.abcdef....*.tmp  a write in progress; removed when the store is opened
+
+A write goes to a temp file in the same directory, is fsynced, then renamed
+over the final name, so a crash at any point leaves either the old block, the
+new block, or no block -- never a readable partial one. The LRU order lives in
+memory and is rebuilt from file mtimes on open; gets bump the mtime.
+Several processes may share a directory, but each keeps its own byte count.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from kvstore.backends.base import Backend, BackendUnavailable, LRUIndex, check_key
+from kvstore.backends.registry import register_backend
+
+BLOCK_SUFFIX = ".blk"
+PIN_SUFFIX = ".pin"
+
+
+@register_backend("disk")
+class DiskBackend(Backend):
+    scheme = "disk"
+
+    def __init__(self, root: str | os.PathLike, budget_bytes: int | None = None, fsync: bool = True):
+        self.root = Path(root)
+        self.fsync = fsync
+        self._lru = LRUIndex(budget_bytes)
+        self.hits = self.misses = 0
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._scan()
+        except OSError as e:
+            raise BackendUnavailable(f"disk store {self.root}: {e}") from None
+
+    @classmethod
+    def from_url(cls, url: str, budget_bytes: int | None = None) -> "DiskBackend":
+        path = url.split(":", 1)[1]
+        if path.startswith("//"):  # disk:///abs/path
+            path = path[2:]
+        if not path:
+            raise ValueError("disk store URL needs a path: disk:PATH")
+        return cls(os.path.expanduser(path), budget_bytes)
+
+    def _scan(self) -> None:
+        """Rebuild the LRU (oldest mtime first) and pins from the files; clear crashed temp files."""
+        found: list[tuple[float, str, int]] = []
+        pins: list[str] = []
+        for shard in self.root.iterdir():
+            if not shard.is_dir():
+                continue
+            for entry in os.scandir(shard):
+                if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                    os.unlink(entry.path)
+                elif entry.name.endswith(BLOCK_SUFFIX):
+                    st = entry.stat()
+                    found.append((st.st_mtime, entry.name[: -len(BLOCK_SUFFIX)], st.st_size))
+                elif entry.name.endswith(PIN_SUFFIX):
+                    pins.append(entry.name[: -len(PIN_SUFFIX)])
+        for _, key, size in sorted(found):
+            self._lru.add(key, size)
+        self._lru.pinned.update(k for k in pins if k in self._lru)
+
+    def _path(self, key: str, suffix: str = BLOCK_SUFFIX) -> Path:
+        check_key(key)
+        return self.root / key[:2] / (key + suffix)
+
+    def get(self, key: str) -> bytes | None:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            os.utime(path)  # the access time the LRU is rebuilt from
+        except FileNotFoundError:
+            with self._lru.lock:
+                self._lru.remove(key)
+                self.misses += 1
+            return None
+        except OSError as e:
+            raise BackendUnavailable(f"disk store read failed: {e}") from None
+        with self._lru.lock:
+            self.hits += 1
+            if key in self._lru:
+                self._lru.touch(key)
+            else:  # written by another process sharing the directory
+                self._lru.add(key, len(data))
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        with self._lru.lock:
+            victims = self._lru.victims_for(key, len(data))
+            for victim in victims:
+                self._remove_files(victim, keep_pin=False)
+                self._lru.remove(victim)
+                self._lru.evictions += 1
+            try:
+                self._write_atomic(path, data)
+            except OSError as e:
+                raise BackendUnavailable(f"disk store write failed: {e}") from None
+            pinned = key in self._lru.pinned
+            self._lru.add(key, len(data))
+            if pinned:
+                self._lru.pinned.add(key)
+
+    def _write_atomic(self, path: Path, data: bytes) -> None:
+        path.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.stem + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def _remove_files(self, key: str, keep_pin: bool) -> bool:
+        removed = False
+        for suffix in (BLOCK_SUFFIX,) if keep_pin else (BLOCK_SUFFIX, PIN_SUFFIX):
+            try:
+                os.unlink(self._path(key, suffix))
+                removed = removed or suffix == BLOCK_SUFFIX
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    raise BackendUnavailable(f"disk store delete failed: {e}") from None
+        return removed
+
+    def delete(self, key: str) -> bool:
+        with self._lru.lock:
+            removed = self._remove_files(key, keep_pin=False)
+            self._lru.remove(key)
+            return removed
+
+    def contains(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def pin(self, key: str) -> bool:
+        with self._lru.lock:
+            if not self.contains(key):
+                return False
+            if key not in self._lru:
+                self._lru.add(key, self._path(key).stat().st_size)
+            self._path(key, PIN_SUFFIX).touch()
+            self._lru.pinned.add(key)
+            return True
+
+    def unpin(self, key: str) -> bool:
+        with self._lru.lock:
+            self._lru.pinned.discard(key)
+            try:
+                os.unlink(self._path(key, PIN_SUFFIX))
+                return True
+            except FileNotFoundError:
+                return False
+
+    def keys(self) -> Iterator[str]:
+        with self._lru.lock:
+            return iter(list(self._lru.sizes))
+
+    def stats(self) -> dict:
+        with self._lru.lock:
+            return {"backend": "disk", **self._lru.counts(), "hits": self.hits, "misses": self.misses}
+
+    def __repr__(self) -> str:
+        return f"DiskBackend({str(self.root)!r}, budget_bytes={self._lru.budget})"

@@ -1,0 +1,143 @@
+"""Quantization and bit-packing math, as plain torch functions.
+
+Every codec is built from these, and the Triton kernels must reproduce the
+packed layouts byte for byte, so the layouts are spelled out here:
+
+- Group quantization runs along the LAST axis of its input. The axis is cut
+  into groups of `group_size` consecutive elements; a last, shorter group
+  gets its own scale/zero computed over its own elements only (no padding
+  enters the statistics). Scales/zeros: [..., ceil(N / group_size)], fp16.
+- Asymmetric: zero = min(group) (stored fp16), scale = (max - min) / (2^bits - 1)
+  (stored fp16), q = clamp(round((x - zero) / scale), 0, 2^bits - 1),
+  x_hat = q * scale + zero. Quantization divides by the *fp16-rounded*
+  scale/zero, so what the decoder sees is exactly what the encoder used.
+  A constant group (max == min) stores scale 0 and q = 0.
+- Symmetric (int8 only): scale = absmax / 127, q = clamp(round(x / scale), -127, 127).
+- Packing runs along the last axis too, low bits first:
+  4 bit:  byte = q[2i]   | q[2i+1] << 4
+  2 bit:  byte = q[4i]   | q[4i+1] << 2 | q[4i+2] << 4 | q[4i+3] << 6
+  The last axis must be a multiple of 2 (4 bit) or 4 (2 bit).
+
+Only integer/float torch ops are used (no numpy), so each line has a direct
+Triton counterpart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def num_groups(n: int, group_size: int) -> int:
+    return -(-n // group_size)
+
+
+def _group_reduce(x: torch.Tensor, group_size: int, op: str) -> torch.Tensor:
+    """x: [..., N] -> [..., ceil(N/G)]: amin/amax per group, the last group possibly shorter."""
+    n = x.shape[-1]
+    full = n // group_size * group_size
+    parts = []
+    if full:
+        g = x[..., :full].reshape(*x.shape[:-1], full // group_size, group_size)
+        parts.append(g.amin(dim=-1) if op == "min" else g.amax(dim=-1))
+    if full < n:
+        tail = x[..., full:]
+        parts.append(tail.amin(dim=-1, keepdim=True) if op == "min" else tail.amax(dim=-1, keepdim=True))
+    return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+
+def _expand_groups(s: torch.Tensor, group_size: int, n: int) -> torch.Tensor:
+    """s: [..., ceil(N/G)] -> [..., N], each group's value repeated over its elements."""
+    return s.repeat_interleave(group_size, dim=-1)[..., :n]
+
+
+def quantize_asym(x: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric group quantization along the last axis.
+
+    x: [..., N] float -> q: [..., N] uint8 in [0, 2^bits), scale, zero: [..., ceil(N/G)] fp16
+    """
+    if x.shape[-1] == 0:
+        empty = x.new_zeros(*x.shape[:-1], 0, dtype=torch.float16)
+        return x.new_zeros(x.shape, dtype=torch.uint8), empty, empty
+    x = x.float()
+    qmax = (1 << bits) - 1
+    lo = _group_reduce(x, group_size, "min")
+    hi = _group_reduce(x, group_size, "max")
+    zero = lo.half()
+    scale = ((hi - lo) / qmax).half()
+    # Divide by what the decoder will multiply by; a zero scale (constant group) maps to q = 0.
+    scale_f = _expand_groups(scale.float(), group_size, x.shape[-1])
+    zero_f = _expand_groups(zero.float(), group_size, x.shape[-1])
+    safe = torch.where(scale_f > 0, scale_f, torch.ones_like(scale_f))
+    q = torch.round((x - zero_f) / safe).clamp_(0, qmax)
+    q = torch.where(scale_f > 0, q, torch.zeros_like(q))
+    return q.to(torch.uint8), scale, zero
+
+
+def dequantize_asym(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """q: [..., N] uint8, scale/zero: [..., ceil(N/G)] fp16 -> [..., N] float32"""
+    n = q.shape[-1]
+    return q.float() * _expand_groups(scale.float(), group_size, n) + _expand_groups(zero.float(), group_size, n)
+
+
+def quantize_sym(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric quantization, one scale per vector along the last axis.
+
+    x: [..., N] float -> q: [..., N] int8 in [-(2^(b-1)-1), 2^(b-1)-1], scale: [..., 1] fp16
+    """
+    qmax = (1 << (bits - 1)) - 1
+    x = x.float()
+    scale = (x.abs().amax(dim=-1, keepdim=True) / qmax).half()
+    scale_f = scale.float()
+    safe = torch.where(scale_f > 0, scale_f, torch.ones_like(scale_f))
+    q = torch.round(x / safe).clamp_(-qmax, qmax)
+    return q.to(torch.int8), scale
+
+
+def dequantize_sym(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q: [..., N] int8, scale: [..., 1] fp16 -> [..., N] float32"""
+    return q.float() * scale.float()
+
+
+def quantize_per_token(x: torch.Tensor, bits: int, group_size: int | None = None):
+    """KV [..., tokens, head_dim]: groups along head_dim (one group = the whole vector by default)."""
+    return quantize_asym(x, bits, group_size or x.shape[-1])
+
+
+def quantize_per_channel(x: torch.Tensor, bits: int, group_size: int):
+    """KV [..., tokens, head_dim]: groups of `group_size` tokens, one scale/zero per channel per group.
+
+    -> q: [..., tokens, head_dim] uint8, scale/zero: [..., head_dim, ceil(tokens/G)] fp16
+    """
+    q, scale, zero = quantize_asym(x.transpose(-1, -2), bits, group_size)  # q: [..., D, T]
+    return q.transpose(-1, -2).contiguous(), scale, zero
+
+
+def dequantize_per_channel(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """q: [..., tokens, head_dim] uint8, scale/zero: [..., head_dim, ceil(tokens/G)] -> [..., tokens, head_dim]"""
+    return dequantize_asym(q.transpose(-1, -2), scale, zero, group_size).transpose(-1, -2)
+
+
+def pack_4bit(q: torch.Tensor) -> torch.Tensor:
+    """q: [..., N] uint8 in [0, 16), N even -> [..., N/2] uint8, low nibble first."""
+    if q.shape[-1] % 2:
+        raise ValueError(f"pack_4bit needs an even last axis, got {q.shape[-1]}")
+    q = q.reshape(*q.shape[:-1], q.shape[-1] // 2, 2)
+    return q[..., 0] | (q[..., 1] << 4)
+
+
+def unpack_4bit(p: torch.Tensor) -> torch.Tensor:
+    """p: [..., N/2] uint8 -> [..., N] uint8"""
+    return torch.stack((p & 0xF, p >> 4), dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
+
+
+def pack_2bit(q: torch.Tensor) -> torch.Tensor:
+    """q: [..., N] uint8 in [0, 4), N % 4 == 0 -> [..., N/4] uint8, lowest bits = first element."""
+    if q.shape[-1] % 4:
+        raise ValueError(f"pack_2bit needs a last axis divisible by 4, got {q.shape[-1]}")
+    q = q.reshape(*q.shape[:-1], q.shape[-1] // 4, 4)
+    return q[..., 0] | (q[..., 1] << 2) | (q[..., 2] << 4) | (q[..., 3] << 6)
+
+
+def unpack_2bit(p: torch.Tensor) -> torch.Tensor:
+    """p: [..., N/4] uint8 -> [..., N] uint8"""
+    return torch.stack((p & 3, (p >> 2) & 3, (p >> 4) & 3, p >> 6), dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 4)

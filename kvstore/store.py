@@ -1,0 +1,163 @@
+"""BlockStore: codec + block framing + backend, behind content addresses.
+
+A store read never fails loudly: a corrupt, truncated, foreign or
+wrong-version block is counted, deleted and reported as a miss, and an
+unreachable backend is a miss that marks the store `degraded`, so callers
+simply recompute. The only error a put surfaces is StoreFullError (pinned
+blocks fill the budget); an unreachable backend on put returns False.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from kvstore.address import chunk_address
+from kvstore.backends.base import Backend, BackendUnavailable
+from kvstore.block import BlockError, BlockFingerprintError, BlockHeader, decode_block, encode_block, read_header
+from kvstore.codecs import Codec, codec_from_spec
+from kvstore.kv import ChunkKV
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StoreCounters:
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    corrupt: int = 0  # blocks that failed checksum/format/shape checks (deleted)
+    foreign: int = 0  # blocks from another model fingerprint (deleted)
+    token_mismatch: int = 0  # a hit whose token ids differ from the caller's (treated as a miss)
+    unavailable: int = 0  # operations that found the backend down
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+
+class BlockStore:
+    def __init__(self, backend: Backend, codec: "Codec | str | dict", fingerprint: str):
+        self.backend = backend
+        self.codec = codec_from_spec(codec)
+        self.fingerprint = fingerprint
+        self.counters = StoreCounters()
+        self.degraded = False
+        self._lock = threading.Lock()
+
+    def address_for(self, token_ids: Sequence[int], namespace: str = "") -> str:
+        return chunk_address(self.fingerprint, token_ids, self.codec, namespace)
+
+    def _count(self, **inc: int) -> None:
+        with self._lock:
+            for name, n in inc.items():
+                setattr(self.counters, name, getattr(self.counters, name) + n)
+
+    def _down(self, e: BackendUnavailable) -> None:
+        self.degraded = True
+        self._count(unavailable=1)
+        log.warning("block store degraded: %s", e)
+
+    # -- writes ---------------------------------------------------------------
+    def encode(self, kv: ChunkKV) -> bytes:
+        return encode_block(kv, self.codec, self.fingerprint)
+
+    def put(self, kv: ChunkKV, address: str) -> bool:
+        """Store one chunk's KV; False if the backend is down. StoreFullError propagates."""
+        return self.put_raw(address, self.encode(kv))
+
+    def put_raw(self, address: str, data: bytes) -> bool:
+        try:
+            self.backend.put(address, data)
+        except BackendUnavailable as e:
+            self._down(e)
+            return False
+        self.degraded = False
+        self._count(puts=1, bytes_written=len(data))
+        return True
+
+    # -- reads ----------------------------------------------------------------
+    def get_raw(self, address: str) -> bytes | None:
+        try:
+            data = self.backend.get(address)
+        except BackendUnavailable as e:
+            self._down(e)
+            return None
+        self.degraded = False
+        return data
+
+    def get(self, address: str, token_ids: Sequence[int] | None = None) -> ChunkKV | None:
+        """The chunk's KV, or None (absent, damaged, foreign, store down). `token_ids` re-checks a hit."""
+        return self._decode(address, self.get_raw(address), token_ids)
+
+    def get_many(self, addresses: Sequence[str]) -> list[ChunkKV | None]:
+        try:
+            datas = self.backend.get_many(addresses)
+        except BackendUnavailable as e:
+            self._down(e)
+            return [None] * len(addresses)
+        self.degraded = False
+        return [self._decode(a, d, None) for a, d in zip(addresses, datas)]
+
+    def _decode(self, address: str, data: bytes | None, token_ids: Sequence[int] | None) -> ChunkKV | None:
+        if data is None:
+            self._count(misses=1)
+            return None
+        try:
+            kv, _ = decode_block(data, expected_fingerprint=self.fingerprint)
+        except BlockError as e:
+            self._reject(address, e)
+            return None
+        if token_ids is not None and list(token_ids) != kv.token_ids:
+            self._count(token_mismatch=1, misses=1)
+            return None
+        self._count(hits=1, bytes_read=len(data))
+        return kv
+
+    def get_header(self, address: str) -> BlockHeader | None:
+        data = self.get_raw(address)
+        if data is None:
+            return None
+        try:
+            header, _ = read_header(data)
+        except BlockError as e:
+            self._reject(address, e)
+            return None
+        return header
+
+    def _reject(self, address: str, e: BlockError) -> None:
+        self._count(misses=1, **({"foreign": 1} if isinstance(e, BlockFingerprintError) else {"corrupt": 1}))
+        log.warning("dropping block %s: %s: %s", address[:16], type(e).__name__, e)
+        try:
+            self.backend.delete(address)
+        except BackendUnavailable as down:
+            self._down(down)
+
+    # -- management -------------------------------------------------------------
+    def contains(self, address: str) -> bool:
+        try:
+            return self.backend.contains(address)
+        except BackendUnavailable as e:
+            self._down(e)
+            return False
+
+    def pin(self, address: str) -> bool:
+        return self.backend.pin(address)
+
+    def unpin(self, address: str) -> bool:
+        return self.backend.unpin(address)
+
+    def evict(self, address: str) -> bool:
+        return self.backend.delete(address)
+
+    def stats(self) -> dict:
+        try:
+            backend = self.backend.stats()
+        except BackendUnavailable as e:
+            self._down(e)
+            backend = {}
+        return {"codec": self.codec.spec(), "fingerprint": self.fingerprint, "degraded": self.degraded,
+                **asdict(self.counters), "backend": backend}
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,62 @@
+"""Synthetic RAG set: a fictional fact hidden in one of N retrieved chunks, the others distractors.
+
+Every chunk holds one fact of the same form about a different fictional archive,
+so the model must find the right chunk and cannot answer from memory.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+NAMES = ("Heron", "Basalt", "Marigold", "Thistle", "Cobalt", "Juniper", "Quarry", "Lantern", "Saffron", "Willow",
+         "Ember", "Falcon", "Garnet", "Harbor", "Indigo", "Jasper", "Kestrel", "Linden", "Meadow", "Nettle",
+         "Onyx", "Pebble", "Quill", "Raven", "Sorrel", "Tamarind", "Umber", "Vesper", "Wren", "Yarrow",
+         "Zephyr", "Alder", "Bramble", "Cinder", "Dune", "Elm")
+PLACES = ("Pellingham", "Two Fords", "Karsk", "Lindorf", "Holt", "Grauden", "Sels", "Tessaly", "Marrow Point", "Veyl")
+FILLER = (
+    "The corridors of the {place} records office are lined with oak shelves and smell faintly of wax.",
+    "Clerks in {place} sort the incoming letters by colour before they are filed.",
+    "Every winter the roof of the {place} depot is checked for leaks by two volunteers.",
+    "Visitors to {place} often ask about the old clock tower, which has not chimed since the flood.",
+    "A small garden of herbs grows behind the {place} reading room, tended by the night porter.",
+    "The {place} ledgers from the last century were rebound in green cloth during a quiet summer.",
+    "Deliveries to {place} arrive on Thursdays, carried up the hill by a cart with squeaking wheels.",
+    "In {place} the archivists drink strong tea and argue about the order of the index cards.",
+    "The lamps in the {place} stairwell are lit by hand at dusk, one floor at a time.",
+    "Rain gutters along the {place} annex were painted blue after a vote among the staff.",
+)
+
+
+@dataclass(frozen=True)
+class RagQuery:
+    chunks: list[str]
+    question: str
+    answer: str
+    needle_chunk: int
+
+
+def _fact(name: str, code: str) -> str:
+    return f"The access code for the {name} archive is {code}."
+
+
+def make_chunk(rng: random.Random, fact: str, count_tokens, chunk_tokens: int) -> str:
+    """About chunk_tokens tokens of filler with the fact at a random sentence position."""
+    sentences: list[str] = []
+    while count_tokens(" ".join(sentences)) < chunk_tokens - 20:
+        sentences.append(rng.choice(FILLER).format(place=rng.choice(PLACES)))
+    sentences.insert(rng.randrange(len(sentences) + 1), fact)
+    return " ".join(sentences)
+
+
+def make_queries(num_queries: int, num_chunks: int, chunk_tokens: int, count_tokens, seed: int = 0) -> list[RagQuery]:
+    rng = random.Random(seed)
+    queries = []
+    for _ in range(num_queries):
+        names = rng.sample(NAMES, num_chunks) if num_chunks <= len(NAMES) else [f"{rng.choice(NAMES)}-{i}" for i in range(num_chunks)]
+        codes = [str(rng.randrange(10000, 100000)) for _ in names]
+        chunks = [make_chunk(rng, _fact(n, c), count_tokens, chunk_tokens) for n, c in zip(names, codes)]
+        target = rng.randrange(num_chunks)
+        queries.append(RagQuery(chunks=chunks, question=f"What is the access code for the {names[target]} archive?",
+                                answer=codes[target], needle_chunk=target))
+    return queries

@@ -1,0 +1,1 @@
+"""`ragkv` subcommands: one module each, with `add_arguments(parser)` (optional) and `run(args) -> int | None`."""

@@ -1,0 +1,59 @@
+"""`ragkv serve`: the gRPC server."""
+
+from __future__ import annotations
+
+import argparse
+
+from ragkv.config import MiB, ServeConfig
+
+HELP = "run the gRPC server"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    # Defaults are None so that unset flags keep the environment layer (RAGKV_*) or the built-in default.
+    d = ServeConfig()
+    p.add_argument("--host", help=f"address to bind (default {d.host})")
+    p.add_argument("--port", type=int, help=f"port to bind; 0 picks a free one (default {d.port})")
+    p.add_argument("--model", help="default (embedded SmolLM2-135M-Instruct) or a local HF model directory")
+    p.add_argument("--store", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
+    p.add_argument("--codec", choices=("fp16", "int8", "int4", "kivi2"), help=f"KV codec (default {d.codec})")
+    p.add_argument("--workers", help="inproc, ray or ray://ADDRESS (default inproc)")
+    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--memory-budget", type=_size, dest="memory_budget_bytes", metavar="BYTES",
+                   help="in-memory tier budget, e.g. 512M or 2G")
+    p.add_argument("--token", help="require `authorization: Bearer TOKEN` (or set RAGKV_TOKEN)")
+    p.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--max-queue", type=int, help=f"requests allowed to wait for the engine (default {d.max_queue})")
+    p.add_argument("--max-message-bytes", type=_size, metavar="BYTES",
+                   help=f"largest request/response (default {d.max_message_bytes // MiB}M)")
+    p.add_argument("--grace", type=float, dest="grace_s", metavar="SECONDS",
+                   help=f"SIGTERM drain time for in-flight requests (default {d.grace_s:g})")
+    p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="default INFO")
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    names = ("host", "port", "model", "store", "codec", "workers", "device", "memory_budget_bytes", "token",
+             "tls_cert", "tls_key", "metrics_port", "max_queue", "max_message_bytes", "grace_s", "log_level")
+    return ServeConfig.from_env().with_overrides(**{n: getattr(args, n, None) for n in names})
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        raise SystemExit(f"ragkv serve: {e}") from e
+    from ragkv.server import logs
+    from ragkv.server.app import serve
+
+    logs.configure(config.log_level)
+    return serve(config)

@@ -1,0 +1,1 @@
+"""gRPC server: servicer (conversion), interceptors (auth, request ids, errors), admission, metrics."""

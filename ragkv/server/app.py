@@ -1,0 +1,117 @@
+"""Assemble and run the gRPC server: servicer + interceptors + health + reflection (+ TLS, metrics)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ragkv.config import ServeConfig
+from ragkv.server.admission import Admission
+from ragkv.server.interceptors import AuthInterceptor, ErrorInterceptor, RequestLogInterceptor
+from ragkv.server.metrics import Instrumented, Metrics
+from ragkv.server.servicer import RagKVServicer
+from ragkv.v1 import ragkv_pb2, ragkv_pb2_grpc
+
+log = logging.getLogger("ragkv.server")
+
+SERVICE_NAME = ragkv_pb2.DESCRIPTOR.services_by_name["RagKV"].full_name  # "ragkv.v1.RagKV"
+SPARE_THREADS = 8  # beyond the engine slot and the queue: health, stats and refusals stay served
+
+
+@dataclass
+class RunningServer:
+    server: grpc.Server
+    health: health.HealthServicer
+    port: int
+    metrics: Metrics
+
+    def drain(self, grace_s: float) -> None:
+        """Stop taking requests (health NOT_SERVING), let in-flight ones finish within `grace_s`."""
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+
+
+def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 0),  # a second server on a busy port must fail, not share it
+    ]
+
+
+def start_server(config: ServeConfig, engine, metrics: Metrics | None = None) -> RunningServer:
+    """Serve `engine` on config.host:config.port (port 0: any free one); returns once started."""
+    metrics = metrics or Metrics()
+    admission = Admission(config.max_queue)
+    metrics.watch(engine, admission)
+    interceptors = [RequestLogInterceptor(metrics)]
+    if config.token:
+        interceptors.append(AuthInterceptor(config.token))
+    interceptors.append(ErrorInterceptor())
+    server = grpc.server(ThreadPoolExecutor(max_workers=config.max_queue + 1 + SPARE_THREADS, thread_name_prefix="rpc"),
+                         interceptors=interceptors, options=grpc_options(config))
+    ragkv_pb2_grpc.add_RagKVServicer_to_server(RagKVServicer(Instrumented(engine, metrics), admission), server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    address = f"{host}:{config.port}"
+    try:
+        if config.tls:
+            with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
+                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            port = server.add_secure_port(address, creds)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError as e:
+        raise SystemExit(f"ragkv: cannot listen on {address}: {e}") from e
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return RunningServer(server=server, health=health_servicer, port=port, metrics=metrics)
+
+
+def build_engine(config: ServeConfig):
+    """The engine for `config` (imports torch and loads the model: seconds)."""
+    from workers.engine import Engine, EngineConfig
+
+    kwargs = dict(model=config.model, store=config.store_url, codec=config.codec, device=config.device,
+                  workers=config.workers)
+    if config.memory_budget_bytes is not None:
+        kwargs["memory_budget_bytes"] = config.memory_budget_bytes
+    return Engine(EngineConfig(**kwargs))
+
+
+def serve(config: ServeConfig) -> int:
+    """`ragkv serve`: load, listen, print the ready line, run until SIGTERM/SIGINT, drain, exit 0."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    engine = build_engine(config)
+    try:
+        running = start_server(config, engine)
+        if config.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(config.metrics_port, addr=config.host, registry=running.metrics.registry)
+        log.info("serving", extra={"fields": {"address": f"{config.host}:{running.port}", "tls": config.tls,
+                                              "auth": bool(config.token), "store": config.store_url,
+                                              "codec": config.codec, "workers": config.workers,
+                                              "metrics_port": config.metrics_port, "max_queue": config.max_queue}})
+        print(f"ragkv listening on {config.host}:{running.port}", flush=True)
+        while not stop.wait(0.5):
+            pass
+        log.info("draining", extra={"fields": {"grace_s": config.grace_s}})
+        running.drain(config.grace_s)
+        log.info("stopped")
+    finally:
+        engine.close()
+    return 0

@@ -1,0 +1,131 @@
+"""Prometheus metrics for the server, in a registry of their own.
+
+RPC counts come from RequestLogInterceptor; per-result figures (TTFT, chunk hits)
+from `Instrumented(engine)`, a wrapper that observes what the engine returns;
+store figures (bytes per backend, evictions) are read from `engine.stats()` at
+scrape time by `StoreCollector`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("ragkv.server")
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("ragkv_requests", "RPCs by method, generation mode and status code",
+                                ["method", "mode", "code"], registry=r)
+        self.latency = Histogram("ragkv_request_seconds", "RPC duration", ["method"], registry=r)
+        self.ttft = Histogram("ragkv_ttft_seconds", "server-side time to first token", ["mode"],
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.chunks = Counter("ragkv_chunks", "chunks used by generation, by outcome (hit: KV loaded from the store)",
+                              ["outcome"], registry=r)
+        self.chunk_hit_ratio = Gauge("ragkv_chunk_hit_ratio", "fraction of chunks served from the store since start",
+                                     registry=r)
+        self.ingested = Counter("ragkv_ingested_chunks", "chunks ingested, by whether they were already stored",
+                                ["cached"], registry=r)
+        self._hits = 0
+        self._total = 0
+
+    def observe_rpc(self, method: str, mode: str, code: str, seconds: float) -> None:
+        self.requests.labels(method=method, mode=mode, code=code).inc()
+        self.latency.labels(method=method).observe(seconds)
+
+    def observe_result(self, mode: str, result) -> None:
+        stats = result.stats or {}
+        self.ttft.labels(mode=mode).observe(float(result.ttft_s))
+        hit, computed = int(stats.get("chunks_hit", 0) or 0), int(stats.get("chunks_computed", 0) or 0)
+        self.chunks.labels(outcome="hit").inc(hit)
+        self.chunks.labels(outcome="computed").inc(computed)
+        self._hits += hit
+        self._total += hit + computed
+        if self._total:
+            self.chunk_hit_ratio.set(self._hits / self._total)
+
+    def observe_ingest(self, refs) -> None:
+        for ref in refs:
+            self.ingested.labels(cached=str(bool(ref.cached)).lower()).inc()
+
+    def watch(self, engine, admission=None) -> None:
+        """Register the scrape-time collectors for `engine` (and the queue gauges for `admission`)."""
+        self.registry.register(StoreCollector(engine))
+        if admission is not None:
+            Gauge("ragkv_queue_waiting", "requests waiting for the engine", registry=self.registry
+                  ).set_function(lambda: admission.waiting)
+            Gauge("ragkv_in_flight", "requests holding the engine", registry=self.registry
+                  ).set_function(lambda: admission.in_flight)
+
+
+def _backends(stats, path: str = "") -> Iterator[tuple[str, dict]]:
+    """Every dict in the engine's stats that describes a backend: {"backend": NAME, "bytes_used": ...}."""
+    if not isinstance(stats, dict):
+        return
+    if isinstance(stats.get("backend"), str) and "bytes_used" in stats:
+        yield stats["backend"], stats
+        tier = stats.get("tier")
+        if isinstance(tier, dict) and "bytes_used" in tier:
+            yield "memory_tier", tier
+        return
+    for key, value in stats.items():
+        yield from _backends(value, f"{path}.{key}")
+
+
+class StoreCollector(Collector):
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        stored = GaugeMetricFamily("ragkv_store_bytes", "bytes stored, per backend", labels=["backend"])
+        blocks = GaugeMetricFamily("ragkv_store_blocks", "blocks stored, per backend", labels=["backend"])
+        evictions = CounterMetricFamily("ragkv_store_evictions", "blocks evicted to stay in budget, per backend",
+                                        labels=["backend"])
+        try:
+            stats = self.engine.stats()
+        except Exception:  # a scrape must not fail because the store is down
+            log.warning("engine.stats() failed during a metrics scrape", exc_info=True)
+            stats = {}
+        for name, b in _backends(stats):
+            stored.add_metric([name], float(b.get("bytes_used", 0) or 0))
+            blocks.add_metric([name], float(b.get("blocks", 0) or 0))
+            evictions.add_metric([name], float(b.get("evictions", 0) or 0))
+        yield stored
+        yield blocks
+        yield evictions
+
+
+class Instrumented:
+    """The engine, with every result observed by `metrics`; other attributes delegate."""
+
+    def __init__(self, engine, metrics: Metrics):
+        self._engine = engine
+        self._metrics = metrics
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def ingest(self, texts, *args, **kwargs):
+        refs = self._engine.ingest(texts, *args, **kwargs)
+        self._metrics.observe_ingest(refs)
+        return refs
+
+    def generate(self, req, *args, **kwargs):
+        result = self._engine.generate(req, *args, **kwargs)
+        self._metrics.observe_result(req.mode, result)
+        return result
+
+    def generate_stream(self, req, *args, **kwargs):
+        for item in self._engine.generate_stream(req, *args, **kwargs):
+            if not isinstance(item, str):
+                self._metrics.observe_result(req.mode, item)
+            yield item

@@ -1,0 +1,138 @@
+"""Block framing: round trip, and every kind of damage is a BlockError, never KV."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import lz4.block
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvstore_helpers import tiny_kv
+from kvstore import block
+from kvstore.block import (BlockChecksumError, BlockError, BlockFingerprintError, BlockFormatError,
+                           BlockShapeError, BlockTruncatedError, BlockVersionError, decode_block, encode_block)
+from kvstore.codecs import CODECS, make_codec
+
+FP = "f" * 64
+
+
+def reframe(header: dict, payload: bytes, flags: int = 0, version: int = block.FORMAT_VERSION) -> bytes:
+    """Build a block with a *valid* checksum around a forged header (what an attacker can do)."""
+    raw = json.dumps(header).encode()
+    body = struct.pack("<4sHHI", block.MAGIC, version, flags, len(raw)) + raw + payload
+    return body + block._digest(body)
+
+
+def header_of(data: bytes) -> dict:
+    (n,) = struct.unpack_from("<I", data, 8)
+    return json.loads(data[12:12 + n])
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_round_trip_keeps_tokens_and_header(name):
+    kv = tiny_kv(tokens=7)
+    data = encode_block(kv, make_codec(name), FP)
+    out, header = decode_block(data, expected_fingerprint=FP)
+    assert out.token_ids == kv.token_ids
+    assert out.keys.shape == kv.keys.shape and out.keys.dtype == kv.keys.dtype
+    assert header.codec == name and header.fingerprint == FP and header.shape == tuple(kv.keys.shape)
+
+
+def test_every_flipped_byte_is_detected():
+    data = encode_block(tiny_kv(tokens=5), make_codec("int8"), FP)
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x41
+        with pytest.raises(BlockError):
+            decode_block(bytes(bad))
+
+
+def test_truncation_is_detected():
+    data = encode_block(tiny_kv(tokens=20), make_codec("fp16"), FP)
+    for n in (0, 3, 11, 12, 40, len(data) // 2, len(data) - 33, len(data) - 1):
+        with pytest.raises(BlockError):
+            decode_block(data[:n])
+    with pytest.raises(BlockTruncatedError):
+        decode_block(data[: len(data) - 100])
+
+
+def test_wrong_magic_version_and_fingerprint():
+    data = encode_block(tiny_kv(), make_codec("kivi2"), FP)
+    with pytest.raises(BlockFormatError):
+        decode_block(b"XXXX" + data[4:])
+    with pytest.raises(BlockVersionError):
+        decode_block(data[:4] + struct.pack("<H", 99) + data[6:])
+    with pytest.raises(BlockFingerprintError):
+        decode_block(data, expected_fingerprint="0" * 64)
+    decode_block(data)  # no expectation: any fingerprint
+
+
+def test_forged_headers_with_valid_checksum_are_refused_before_allocating():
+    kv = tiny_kv(tokens=4)
+    data = encode_block(kv, make_codec("fp16"), FP)
+    h = header_of(data)
+    payload = data[12 + len(json.dumps(h, separators=(",", ":"), sort_keys=True)):-32]
+    huge = dict(h, shape=[1 << 20, 1 << 10, 4, 1 << 10])
+    with pytest.raises(BlockShapeError):
+        decode_block(reframe(huge, payload))
+    with pytest.raises(BlockShapeError):  # token count disagrees with shape
+        decode_block(reframe(dict(h, token_ids=[1, 2]), payload))
+    with pytest.raises(BlockFormatError):
+        decode_block(reframe(dict(h, raw_len=-1), payload))
+    with pytest.raises(BlockShapeError):  # unknown codec parameter
+        decode_block(reframe(dict(h, codec_params={"evil": 1}), payload))
+    # lz4 bomb: 1 KiB of compressed zeros claiming to expand to 1 GiB
+    bomb = lz4.block.compress(b"\0" * (1 << 20), store_size=False)
+    big = dict(h, shape=[1, 1, 4, (1 << 30) // 16], raw_len=1 << 30, stored_len=len(bomb), token_ids=[1, 2, 3, 4])
+    with pytest.raises(BlockError):
+        decode_block(reframe(big, bomb, flags=block.FLAG_LZ4))
+    # header length field larger than the data
+    with pytest.raises(BlockError):
+        decode_block(struct.pack("<4sHHI", block.MAGIC, block.FORMAT_VERSION, 0, 1 << 31) + b"\0" * 64)
+
+
+def test_lz4_only_when_it_shrinks():
+    zeros = tiny_kv(tokens=64)
+    zeros.keys.zero_()
+    zeros.values.zero_()
+    _, h = decode_block(encode_block(zeros, make_codec("fp16"), FP))
+    assert h.lz4 and h.stored_len < h.raw_len
+    _, h = decode_block(encode_block(tiny_kv(tokens=64), make_codec("kivi2"), FP))
+    assert not h.lz4 and h.stored_len == h.raw_len
+
+
+VALID = [encode_block(tiny_kv(tokens=t, seed=t), make_codec(name), FP)
+         for name in sorted(CODECS) for t in (1, 3)]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=2048))
+def test_random_bytes_never_crash(data):
+    with pytest.raises(BlockError):
+        decode_block(data)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(range(len(VALID))), st.data())
+def test_mutated_blocks_are_errors_or_the_original(i, draw):
+    data = bytearray(VALID[i])
+    kind = draw.draw(st.sampled_from(["flip", "cut", "splice"]))
+    if kind == "flip":
+        for pos in draw.draw(st.lists(st.integers(0, len(data) - 1), min_size=1, max_size=4)):
+            data[pos] ^= draw.draw(st.integers(1, 255))
+    elif kind == "cut":
+        data = data[: draw.draw(st.integers(0, len(data) - 1))]
+    else:
+        pos = draw.draw(st.integers(0, len(data)))
+        data[pos:pos] = draw.draw(st.binary(min_size=1, max_size=64))
+    try:
+        kv, header = decode_block(bytes(data))
+    except BlockError:
+        return
+    want, _ = decode_block(VALID[i])  # only a no-op mutation may decode, and then to the same KV
+    assert kv.keys.shape == want.keys.shape == header.shape
+    assert torch.equal(kv.keys, want.keys) and torch.equal(kv.values, want.values)

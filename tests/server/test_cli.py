@@ -1,0 +1,29 @@
+"""The `ragkv` dispatcher and `serve` flag handling (no server started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragkv.cli import COMMANDS, build_parser, main
+from ragkv.commands.serve import config_from_args
+
+
+def test_subcommands_registered():
+    assert {"serve", "demo", "bench", "check"} <= set(COMMANDS)
+
+
+def test_serve_flags_to_config(monkeypatch):
+    monkeypatch.setenv("RAGKV_TOKEN", "from-env")
+    args = build_parser("serve").parse_args(["serve", "--port", "0", "--codec", "int8", "--store", "redis://h:1/0",
+                                             "--workers", "ray://head:10001", "--max-queue", "3",
+                                             "--memory-budget", "64M"])
+    config = config_from_args(args)
+    assert (config.port, config.codec, config.store_url, config.workers, config.max_queue) == \
+        (0, "int8", "redis://h:1/0", "ray://head:10001", 3)
+    assert config.memory_budget_bytes == 64 << 20 and config.token == "from-env"
+    assert config_from_args(build_parser("serve").parse_args(["serve"])).store_url.startswith("disk:")
+
+
+def test_serve_rejects_half_tls(tmp_path):
+    with pytest.raises(SystemExit, match="tls"):
+        main(["serve", "--tls-cert", str(tmp_path / "c.pem")])

@@ -1,0 +1,65 @@
+"""CacheBlend math on the real default model: re-rotation, ratio 1 = full, ratio 0 = reuse."""
+
+import pytest
+import torch
+
+from workers.blend import BlendConfig, blend_prefill, fuse_chunks, kv_deviation, select_tokens
+from workers.rope import rerotate_keys
+from workers.selfcheck import check_full_ratio, check_rerotation, check_zero_ratio
+
+
+@pytest.mark.parametrize("delta", [1, 37, 1000])
+def test_rerotated_keys_equal_keys_at_target_positions(runner, delta):
+    result = check_rerotation(runner, delta=delta)
+    assert result.passed, result
+
+
+def test_rerotation_composes_and_inverts():
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64))
+    keys = torch.randn(2, 3, 5, 64)
+    there = rerotate_keys(keys, 11, inv_freq)
+    assert torch.allclose(rerotate_keys(rerotate_keys(keys, 5, inv_freq), 6, inv_freq), there, atol=1e-5)
+    assert torch.allclose(rerotate_keys(there, -11, inv_freq), keys, atol=1e-5)
+    per_token = rerotate_keys(keys, torch.tensor([11] * 5), inv_freq)
+    assert torch.allclose(per_token, there, atol=1e-6)
+
+
+def test_ratio_one_reproduces_full_prefill_logits(runner):
+    result = check_full_ratio(runner)
+    assert result.passed, result
+
+
+def test_ratio_zero_equals_reuse(runner):
+    result = check_zero_ratio(runner)
+    assert result.passed, result
+
+
+def test_selection_picks_largest_deviation():
+    deviation = torch.tensor([0.0, 5.0, 1.0, 9.0, 2.0, 0.5])
+    candidates = torch.tensor([1, 2, 3, 4, 5])
+    assert sorted(select_tokens(deviation, candidates, 0.4).tolist()) == [1, 3]
+    assert select_tokens(deviation, candidates, 0.0).numel() == 0
+
+
+def test_kv_deviation_measures():
+    old = torch.ones(2, 4, 8)
+    fresh = old.clone()
+    fresh[:, 2] *= 3
+    for measure in ("k", "v", "kv"):
+        dev = kv_deviation(fresh, fresh, old, old, measure)
+        assert dev.argmax() == 2 and dev[0] == 0
+    with pytest.raises(ValueError):
+        kv_deviation(fresh, fresh, old, old, "q")
+
+
+def test_blend_recomputes_the_requested_fraction(runner):
+    from workers.prompt import build_prompt
+
+    chunks = [runner.tokenize("Alpha beta gamma delta. " * 6), runner.tokenize("Epsilon zeta eta theta. " * 6)]
+    layout = build_prompt(runner.tokenizer, "", chunks, "Which letters?")
+    prefix = runner.chunk_kv(layout.prefix_ids)
+    cache, computed = fuse_chunks(runner, layout, prefix, [runner.chunk_kv(c) for c in chunks])
+    chunk_tokens = sum(e - s for s, e in layout.chunk_spans)
+    _, stats = blend_prefill(runner, layout, cache, computed, BlendConfig(recompute_ratio=0.25))
+    assert stats["recomputed_tokens"] == round(0.25 * chunk_tokens)
+    assert stats["always_computed_tokens"] == int(computed[layout.prefix_len:].sum())

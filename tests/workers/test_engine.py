@@ -1,0 +1,81 @@
+"""The engine end to end on the real model and a real store: modes, cache hits, ids, errors."""
+
+import pytest
+import torch
+
+from ragkv.errors import InvalidArgument, NotFound
+from workers.engine import Engine, EngineConfig
+from workers.requests import MODES, GenerateRequest
+
+CHUNKS = [
+    "The capital of Frobnia is Lindorf. Lindorf was founded in 1432 by the salt merchant Osric Vale.",
+    "Zorblat is a cold planet with two moons, Tiv and Rel, and oceans of liquid methane.",
+    "Brightwell Robotics makes greenhouse robots; its chief executive is Lorna Featherstone.",
+]
+QUESTION = "Who founded Lindorf?"
+
+
+@pytest.fixture(params=["disk", "redis"])
+def engine(request, runner, tmp_path):
+    store = f"disk:{tmp_path / 'blocks'}" if request.param == "disk" else request.getfixturevalue("redis_url")
+    eng = Engine(EngineConfig(store=store, codec="kivi2"), runner=runner)
+    yield eng
+    eng.close()
+
+
+def test_second_request_hits_cached_chunks(engine):
+    first = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=4))
+    assert first.stats["chunks_computed"] == 3 and first.stats["chunks_hit"] == 0
+    second = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=4))
+    assert second.stats["chunks_hit"] == 3 and second.stats["chunks_computed"] == 0
+    assert second.stats["kv_bytes_loaded"] > 0 and second.stats["prefix_hit"]
+    assert second.prompt_token_ids == first.prompt_token_ids
+
+
+def test_all_modes_share_prompt_ids_and_full_equals_transformers(engine, runner):
+    engine.ingest(CHUNKS)
+    results = {m: engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode=m, max_new_tokens=12))
+               for m in MODES}
+    ids = results["full"].prompt_token_ids
+    assert all(r.prompt_token_ids == ids for r in results.values())
+    with torch.inference_mode():
+        ref = runner.model.generate(torch.tensor(ids)[None], max_new_tokens=12, do_sample=False)[0, len(ids):]
+    ref = [t for t in ref.tolist() if t not in runner.stop_token_ids]
+    assert results["full"].token_ids == ref
+    assert all(r.text and r.stats["mode"] == m for m, r in results.items())
+    assert results["reuse"].stats["recomputed_tokens"] == 0
+    assert 0 < results["blend"].stats["recomputed_tokens"] < results["full"].stats["recomputed_tokens"]
+
+
+def test_ingest_ids_are_content_addresses_and_usable_by_id(engine):
+    refs = engine.ingest(CHUNKS[:2])
+    assert [r.cached for r in refs] == [False, False]
+    again = engine.ingest(CHUNKS[:2])
+    assert [r.id for r in again] == [r.id for r in refs] and all(r.cached for r in again)
+    assert engine.lookup([refs[0].id, "0" * 64]) == [True, False]
+    by_text = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS[:2], max_new_tokens=6))
+    by_id = engine.generate(GenerateRequest(question=QUESTION, chunks=[r.id for r in refs], max_new_tokens=6))
+    assert by_id.token_ids == by_text.token_ids
+
+
+def test_unknown_chunk_id_is_not_found(engine):
+    with pytest.raises(NotFound, match="chunks\\[0\\]"):
+        engine.generate(GenerateRequest(question=QUESTION, chunks=["ab" * 32]))
+
+
+def test_invalid_requests_name_the_field():
+    with pytest.raises(InvalidArgument, match="question"):
+        GenerateRequest(question=" ", chunks=["x"])
+    with pytest.raises(InvalidArgument, match="chunks"):
+        GenerateRequest(question="q", chunks=[])
+    with pytest.raises(InvalidArgument, match="recompute_ratio"):
+        GenerateRequest(question="q", chunks=["x"], recompute_ratio=1.5)
+    with pytest.raises(InvalidArgument, match="mode"):
+        GenerateRequest(question="q", chunks=["x"], mode="fast")
+
+
+def test_streaming_pieces_join_to_the_text(engine):
+    request = GenerateRequest(question=QUESTION, chunks=CHUNKS, max_new_tokens=10)
+    items = list(engine.generate_stream(request))
+    pieces, result = items[:-1], items[-1]
+    assert all(isinstance(p, str) for p in pieces) and "".join(pieces) == result.text

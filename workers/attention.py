@@ -1,0 +1,45 @@
+"""Attention over a KV cache with position-based causal masking (GQA-aware)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def visibility_mask(q_positions: torch.Tensor, kv_positions: torch.Tensor,
+                    head_mask: torch.Tensor | None, num_heads: int) -> torch.Tensor:
+    """-> bool [heads or 1, S, T]: query at position p sees cached tokens at positions <= p.
+
+    kv_positions: [T], or [kv_heads, T] when heads keep different tokens (per-head eviction).
+    """
+    if kv_positions.dim() == 2:  # [Hkv, T] -> per query head
+        groups = num_heads // kv_positions.shape[0]
+        mask = kv_positions.repeat_interleave(groups, dim=0)[:, None, :] <= q_positions[None, :, None]  # [Hq, S, T]
+    else:
+        mask = (kv_positions[None, :] <= q_positions[:, None])[None]  # [1, S, T]
+    if head_mask is not None:  # [kv_heads, T] -> per query head
+        groups = num_heads // head_mask.shape[0]
+        mask = mask & head_mask.repeat_interleave(groups, dim=0)[:, None, :]  # [Hq, S, T]
+    return mask
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_positions: torch.Tensor,
+           kv_positions: torch.Tensor, scale: float, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
+    num_heads, seq, head_dim = q.shape
+    mask = visibility_mask(q_positions, kv_positions, head_mask, num_heads)
+    out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask[None], scale=scale,
+                                         enable_gqa=keys.shape[0] != num_heads)  # [1, Hq, S, D]
+    return out[0].transpose(0, 1).reshape(seq, num_heads * head_dim)
+
+
+def attention_weights(q: torch.Tensor, keys: torch.Tensor, q_positions: torch.Tensor, kv_positions: torch.Tensor,
+                      scale: float, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Explicit softmax rows (for scoring and diagnostics). q: [Hq, S, D]; keys: [Hkv, T, D] -> [Hq, S, T]."""
+    num_heads = q.shape[0]
+    groups = num_heads // keys.shape[0]
+    k = keys.repeat_interleave(groups, dim=0).float()  # [Hq, T, D]
+    scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale  # [Hq, S, T]
+    mask = visibility_mask(q_positions, kv_positions, head_mask, num_heads)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1)

@@ -1,0 +1,77 @@
+"""KVCache: the per-layer keys/values a forward pass attends over.
+
+Every cached token carries its logical position, so one rule masks every case
+(prefill, decode, blended chunks, evicted caches): a query at position p sees
+the cached tokens at positions <= p. Per-head retention (Ada-KV) compacts each
+head on its own: `positions` becomes [kv_heads, T] (slot j of head h holds the
+token at positions[h, j]) and the boolean `head_mask` marks padding slots of
+heads that keep fewer than T tokens; per-layer lengths may differ (PyramidKV).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class LayerKV:
+    keys: torch.Tensor  # [kv_heads, T, head_dim], RoPE applied at `positions`
+    values: torch.Tensor  # [kv_heads, T, head_dim]
+    positions: torch.Tensor  # [T] int64 logical positions; [kv_heads, T] when heads keep different tokens
+    head_mask: torch.Tensor | None = None  # [kv_heads, T] bool, False = evicted for that head
+
+    @property
+    def num_tokens(self) -> int:
+        return self.keys.shape[1]
+
+    def nbytes(self) -> int:
+        total = self.keys.nbytes + self.values.nbytes + self.positions.nbytes
+        return total + (self.head_mask.nbytes if self.head_mask is not None else 0)
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
+        self.keys = torch.cat([self.keys, keys], dim=1)
+        self.values = torch.cat([self.values, values], dim=1)
+        if self.positions.dim() == 2:  # per-head layout: every head gets the new tokens
+            positions = positions[None, :].expand(self.positions.shape[0], -1)
+        self.positions = torch.cat([self.positions, positions], dim=-1)
+        if self.head_mask is not None:
+            fresh = torch.ones(keys.shape[0], keys.shape[1], dtype=torch.bool, device=keys.device)
+            self.head_mask = torch.cat([self.head_mask, fresh], dim=1)
+
+
+@dataclass
+class KVCache:
+    layers: list[LayerKV | None] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, num_layers: int) -> "KVCache":
+        return cls(layers=[None] * num_layers)
+
+    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> LayerKV:
+        """Append new tokens to a layer and return the layer's whole KV."""
+        current = self.layers[layer]
+        if current is None:
+            current = LayerKV(keys, values, positions)
+            self.layers[layer] = current
+        else:
+            current.append(keys, values, positions)
+        return current
+
+    def num_tokens(self, layer: int = 0) -> int:
+        current = self.layers[layer]
+        return 0 if current is None else current.num_tokens
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers if layer is not None)
+
+    def next_position(self) -> int:
+        return max(int(layer.positions.max()) + 1 for layer in self.layers if layer is not None and layer.num_tokens)
+
+    @classmethod
+    def from_chunk(cls, kv, device=None, dtype=None) -> "KVCache":
+        """A cache holding one ChunkKV ([layers, kv_heads, T, D]) at positions 0..T-1."""
+        keys, values = kv.keys.to(device, dtype), kv.values.to(device, dtype)
+        positions = torch.arange(keys.shape[2], device=keys.device)
+        return cls([LayerKV(keys[i], values[i], positions) for i in range(keys.shape[0])])

@@ -1,0 +1,48 @@
+"""Token-level KV eviction: policies (registry), protection, real removal, decode-time budget, L1 loss bound.
+
+API for the engine:
+
+    compressor = make_compressor(spec, shape, prefix_len, prompt_len)   # InvalidArgument on a bad budget
+    logits = runner.forward(ids, positions, cache, observer=compressor.observer)
+    stats = compressor.compress(cache)      # kv_bytes_before/after, evicted, l1_loss, l1_bound, ...
+    hooks = compressor.decode_hooks()       # DecodeHooks(observer, after_step): stays at budget
+    compressor.stats()
+
+Pass `inv_freq=runner.inv_freq` (when `runner.can_rerotate`) so `streaming` can keep its
+window on compact positions while generating far beyond the model's context.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ragkv.errors import InvalidArgument
+from workers.eviction.budgets import count_protected
+from workers.eviction.compressor import Compressor
+from workers.eviction.policies import POLICIES, Policy, ScoreContext, build_policy, register
+from workers.requests import CompressionSpec
+
+__all__ = ["Compressor", "POLICIES", "Policy", "ScoreContext", "build_policy", "make_compressor", "register"]
+
+
+def make_compressor(spec: CompressionSpec, shape, prefix_len: int, prompt_len: int,
+                    inv_freq: torch.Tensor | None = None, scale: float | None = None) -> Compressor:
+    """A Compressor for one request. shape: workers.runner.ModelShape.
+
+    The budget (spec.budget_tokens(prompt_len)) counts the protected tokens: the first
+    `sink_tokens`, the prompt prefix (template + system message) when `protect_system_prompt`,
+    and `protected_spans`; a budget below that set raises InvalidArgument("compression.budget").
+    """
+    budget = spec.budget_tokens(prompt_len)
+    prefix = prefix_len if spec.protect_system_prompt else 0
+    for start, end in spec.protected_spans:
+        if not 0 <= start <= end:
+            raise InvalidArgument("compression.protected_spans", f"bad span [{start}, {end})")
+    protected = count_protected(prompt_len, spec.sink_tokens, prefix, spec.protected_spans)
+    if spec.policy != "none" and budget < protected:
+        raise InvalidArgument("compression.budget",
+                              f"budget of {budget} tokens is below the {protected} protected tokens "
+                              f"(sinks={spec.sink_tokens}, system prompt prefix={prefix}, spans={len(spec.protected_spans)})")
+    policy = None if spec.policy == "none" else build_policy(spec)
+    return Compressor(policy, spec, shape.num_layers, shape.head_dim, prefix_len, prompt_len, budget,
+                      inv_freq=inv_freq, scale=scale)

@@ -1,0 +1,218 @@
+"""Compressor: captures what a policy needs during prefill/decode, evicts to budget, reports the cost.
+
+Life cycle (one request):
+    compressor = make_compressor(spec, shape, prefix_len, prompt_len)
+    runner.forward(ids, positions, cache, observer=compressor.observer)   # prefill
+    compressor.compress(cache)                                            # evict to budget
+    decode(..., hooks=compressor.decode_hooks())                          # stay at budget
+
+The observer keeps, per layer, the newest queries (the observation window:
+whatever queries were observed, e.g. only the recomputed subset in blend mode)
+and, for H2O, the attention summed over every observed query. Per-slot state
+(accumulated attention, protection) follows the slots through every eviction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workers.attention import attention_weights
+from workers.cache import KVCache, LayerKV
+from workers.eviction import scores
+from workers.eviction.budgets import allocate, protected_mask, select_per_head, select_tokens
+from workers.eviction.layout import compact_positions, gather_slots, keep_slots
+from workers.eviction.policies import Policy, ScoreContext
+from workers.generate import DecodeHooks
+from workers.requests import CompressionSpec
+
+DIAGNOSTIC_QUERIES = 8  # newest queries per layer used for the L1 loss / bound
+ACCUMULATE_CHUNK = 256  # query rows per attention_weights call when accumulating (bounds memory)
+
+
+@dataclass
+class LayerState:
+    queries: torch.Tensor | None = None  # [Hq, W, D] newest observed queries, by position
+    q_positions: torch.Tensor | None = None  # [W]
+    accumulated: torch.Tensor | None = None  # [Hkv, T] (H2O)
+    protected: torch.Tensor | None = None  # [Hkv, T] bool, set at the first eviction
+
+
+def _pad_slots(x: torch.Tensor | None, slots: int, fill) -> torch.Tensor | None:
+    """x: [Hkv, T'] -> [Hkv, slots], new slots (appended tokens) set to `fill`."""
+    if x is None or x.shape[1] >= slots:
+        return x
+    pad = torch.full((x.shape[0], slots - x.shape[1]), fill, dtype=x.dtype, device=x.device)
+    return torch.cat([x, pad], dim=1)
+
+
+def _valid(kv: LayerKV) -> torch.Tensor:
+    """[Hkv, T] real entries."""
+    if kv.head_mask is not None:
+        return kv.head_mask
+    return torch.ones(kv.keys.shape[:2], dtype=torch.bool, device=kv.keys.device)
+
+
+class Compressor:
+    def __init__(self, policy: Policy | None, spec: CompressionSpec, num_layers: int, head_dim: int,
+                 prefix_len: int, prompt_len: int, budget: int, inv_freq: torch.Tensor | None = None,
+                 scale: float | None = None):
+        self.policy = policy
+        self.spec = spec
+        self.num_layers = num_layers
+        self.prefix_len = prefix_len if spec.protect_system_prompt else 0
+        self.prompt_len = prompt_len
+        self.budget = budget
+        self.inv_freq = inv_freq
+        self.scale = scale if scale is not None else head_dim ** -0.5
+        self.window = max(policy.queries_needed, DIAGNOSTIC_QUERIES) if policy is not None else 0
+        self.layer_budgets: list[int] | None = None
+        self._states = [LayerState() for _ in range(num_layers)]
+        self._stats: dict = {"policy": spec.policy, "budget_tokens": budget, "prompt_tokens": prompt_len}
+        self._decode_evictions = 0
+        self._max_cache_tokens = 0
+
+    # -- observation --------------------------------------------------------
+    def observer(self, layer: int, q: torch.Tensor, q_positions: torch.Tensor, kv: LayerKV) -> None:
+        """AttentionObserver: q [Hq, S, D] at q_positions [S] attending over the layer's kv."""
+        if self.policy is None:
+            return
+        state = self._states[layer]
+        if self.window:
+            queries = q if state.queries is None else torch.cat([state.queries, q], dim=1)
+            positions = q_positions if state.q_positions is None else torch.cat([state.q_positions, q_positions])
+            order = torch.argsort(positions, stable=True)[-self.window:]
+            state.queries, state.q_positions = queries[:, order], positions[order]
+        if self.policy.accumulates:
+            acc = _pad_slots(state.accumulated, kv.num_tokens, 0.0)
+            if acc is None:
+                acc = torch.zeros(kv.keys.shape[:2], dtype=torch.float32, device=kv.keys.device)
+            for start in range(0, q.shape[1], ACCUMULATE_CHUNK):
+                rows = slice(start, start + ACCUMULATE_CHUNK)
+                attn = attention_weights(q[:, rows], kv.keys, q_positions[rows], kv.positions, self.scale, kv.head_mask)
+                acc = acc + scores.accumulated_attention(attn, kv.keys.shape[0])
+            state.accumulated = acc
+
+    def _context(self, layer: int, kv: LayerKV, queries: int) -> ScoreContext:
+        state = self._states[layer]
+        use = state.queries is not None and queries > 0
+        return ScoreContext(
+            layer=layer, kv=kv, valid=_valid(kv),
+            queries=state.queries[:, -queries:] if use else None,
+            q_positions=state.q_positions[-queries:] if use else None,
+            accumulated=_pad_slots(state.accumulated, kv.num_tokens, 0.0), scale=self.scale, free=0)
+
+    def _protected(self, layer: int, kv: LayerKV) -> torch.Tensor:
+        """[Hkv, T] protected entries; computed from logical positions the first time, then carried."""
+        state = self._states[layer]
+        if state.protected is None:
+            positions = kv.positions if kv.positions.dim() == 2 else kv.positions[None].expand(kv.keys.shape[0], -1)
+            state.protected = protected_mask(positions, self.spec.sink_tokens, self.prefix_len,
+                                             self.spec.protected_spans) & _valid(kv)
+        state.protected = _pad_slots(state.protected, kv.num_tokens, False)
+        return state.protected
+
+    # -- planning -----------------------------------------------------------
+    def _budgets(self, cache: KVCache, contexts: list[ScoreContext]) -> list[int]:
+        if self.layer_budgets is None:
+            weights = self.policy.layer_weights(contexts)
+            if weights is None:
+                self.layer_budgets = [self.budget] * self.num_layers
+            else:
+                lower = [int(self._protected(i, cache.layers[i]).sum(dim=1).max()) for i in range(self.num_layers)]
+                upper = [max(cache.layers[i].num_tokens, self.budget) for i in range(self.num_layers)]
+                self.layer_budgets = allocate(weights, self.budget, lower, upper)
+        return self.layer_budgets
+
+    def _select(self, ctx: ScoreContext, protected: torch.Tensor, budget: int) -> torch.Tensor:
+        """-> keep [Hkv, T] bool."""
+        ctx.free = max(0, budget - int(protected.sum(dim=1).max()))
+        score = self.policy.score(ctx)  # [Hkv, T]
+        if self.policy.per_head or ctx.kv.positions.dim() == 2:
+            return select_per_head(score, protected, ctx.valid, budget, getattr(self.policy, "floor", 0.0))
+        token_score = torch.nan_to_num(score.float().mean(dim=0), nan=0.0)
+        keep = select_tokens(token_score, protected[0], budget)
+        return keep[None].expand_as(protected)
+
+    def _over_budget(self, kv: LayerKV, budget: int) -> bool:
+        if self.policy.per_head or kv.positions.dim() == 2:
+            return int(_valid(kv).sum()) > budget * kv.keys.shape[0]
+        return kv.num_tokens > budget
+
+    @torch.inference_mode()
+    def plan(self, cache: KVCache) -> list[torch.Tensor]:
+        """Keep masks [Hkv, T] per layer (no change to the cache)."""
+        if self.policy is None:
+            return [_valid(kv) for kv in cache.layers]
+        queries = self.policy.queries_needed
+        contexts = [self._context(i, cache.layers[i], queries) for i in range(self.num_layers)]
+        budgets = self._budgets(cache, contexts)
+        return [self._select(ctx, self._protected(i, ctx.kv), budgets[i]) for i, ctx in enumerate(contexts)]
+
+    def _apply(self, cache: KVCache, layer: int, keep: torch.Tensor) -> None:
+        state = self._states[layer]
+        kv = cache.layers[layer]
+        new_kv, idx, valid = keep_slots(kv, keep)
+        state.protected = gather_slots(self._protected(layer, kv), idx) & valid
+        if state.accumulated is not None:
+            state.accumulated = gather_slots(_pad_slots(state.accumulated, kv.num_tokens, 0.0), idx) * valid
+        cache.layers[layer] = new_kv
+
+    # -- public -------------------------------------------------------------
+    @torch.inference_mode()
+    def compress(self, cache: KVCache) -> dict:
+        """Evict to budget after prefill; returns stats (bytes before/after, evicted, L1 loss / bound)."""
+        before = cache.nbytes()
+        slots_before = [int(_valid(kv).sum()) for kv in cache.layers]
+        losses, bounds = [], []
+        keeps = self.plan(cache)
+        for i, keep in enumerate(keeps):
+            kv = cache.layers[i]
+            if self.policy is not None and self._states[i].queries is not None:
+                ctx = self._context(i, kv, DIAGNOSTIC_QUERIES)
+                loss, bound = scores.eviction_l1(ctx.window_attention(), kv.values, keep)
+                losses.append(loss.mean())
+                bounds.append(bound.mean())
+            if not bool(keep.all()):
+                self._apply(cache, i, keep)
+        after = cache.nbytes()
+        heads = cache.layers[0].keys.shape[0]
+        kept = [int(_valid(kv).sum()) for kv in cache.layers]
+        self._stats.update(
+            protected_tokens=int(self._protected(0, cache.layers[0])[0].sum()) if self.policy is not None else 0,
+            kv_bytes_before=before, kv_bytes_after=after, kv_bytes_ratio=after / before if before else 1.0,
+            evicted=sum(b - k for b, k in zip(slots_before, kept)) / (heads * len(kept)),
+            kept_tokens=[k / heads for k in kept], layer_budgets=list(self.layer_budgets or []),
+            l1_loss=float(torch.stack(losses).mean()) if losses else 0.0,
+            l1_bound=float(torch.stack(bounds).mean()) if bounds else 0.0,
+        )
+        self._max_cache_tokens = max(kv.num_tokens for kv in cache.layers)
+        return self.stats()
+
+    @torch.inference_mode()
+    def after_step(self, cache: KVCache) -> None:
+        """Decode hook: evict whatever exceeds each layer's budget (the newest token's slot included)."""
+        if self.policy is None:
+            return
+        queries = self.policy.queries_needed
+        budgets = self.layer_budgets or self._budgets(
+            cache, [self._context(j, cache.layers[j], queries) for j in range(self.num_layers)])
+        for i, kv in enumerate(cache.layers):
+            if self._over_budget(kv, budgets[i]):
+                ctx = self._context(i, kv, queries)
+                self._apply(cache, i, self._select(ctx, self._protected(i, kv), budgets[i]))
+                self._decode_evictions += 1
+            if self.inv_freq is not None and getattr(self.policy, "rerotate", False):
+                kv = cache.layers[i]
+                if kv.positions.dim() == 1 and int(kv.positions.max() - kv.positions.min()) + 1 > 2 * kv.num_tokens:
+                    cache.layers[i] = compact_positions(kv, self.inv_freq)
+        self._max_cache_tokens = max(self._max_cache_tokens, max(kv.num_tokens for kv in cache.layers))
+
+    def decode_hooks(self) -> DecodeHooks:
+        if self.policy is None:
+            return DecodeHooks()
+        return DecodeHooks(observer=self.observer, after_step=self.after_step)
+
+    def stats(self) -> dict:
+        return {**self._stats, "decode_evictions": self._decode_evictions, "max_cache_tokens": self._max_cache_tokens}

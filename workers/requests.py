@@ -1,0 +1,117 @@
+"""Engine request/result types: plain data, validated at construction, no torch import.
+
+The gRPC layer converts messages to these and back; the engine works on these only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from ragkv.errors import InvalidArgument
+
+MODES = ("full", "prefix", "reuse", "blend")
+POLICIES = ("none", "streaming", "h2o", "tova", "snapkv", "adakv", "pyramidkv", "dynamickv", "capkv")
+CHUNK_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+MAX_CHUNKS = 64
+MAX_CHUNK_CHARS = 32_000
+MAX_QUESTION_CHARS = 8_000
+MAX_SYSTEM_PROMPT_CHARS = 8_000
+MAX_NEW_TOKENS = 2048
+
+
+def is_chunk_id(text: str) -> bool:
+    return bool(CHUNK_ID_RE.match(text))
+
+
+@dataclass(frozen=True)
+class CompressionSpec:
+    policy: str = "none"
+    budget: float | int = 1.0  # float in (0, 1]: fraction of prompt tokens kept; int >= 1: tokens kept
+    sink_tokens: int = 4
+    protect_system_prompt: bool = True
+    window: int | None = None  # recent-window size for policies that keep one
+    protected_spans: tuple[tuple[int, int], ...] = ()  # extra [start, end) token spans never evicted
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidArgument("compression.policy", f"unknown policy {self.policy!r}; expected one of {', '.join(POLICIES)}")
+        budget = self.budget
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
+            raise InvalidArgument("compression.budget", f"must be a float in (0, 1] or a positive int, got {budget!r}")
+        if isinstance(budget, float) and not 0.0 < budget <= 1.0:
+            raise InvalidArgument("compression.budget", f"fraction must be in (0, 1], got {budget}")
+        if isinstance(budget, int) and budget < 1:
+            raise InvalidArgument("compression.budget", f"token count must be >= 1, got {budget}")
+        if self.sink_tokens < 0:
+            raise InvalidArgument("compression.sink_tokens", f"must be >= 0, got {self.sink_tokens}")
+        if self.window is not None and self.window < 0:
+            raise InvalidArgument("compression.window", f"must be >= 0, got {self.window}")
+
+    def budget_tokens(self, prompt_tokens: int) -> int:
+        if isinstance(self.budget, float):
+            return max(1, int(round(self.budget * prompt_tokens)))
+        return int(self.budget)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    question: str
+    chunks: tuple[str, ...]  # chunk texts, or content ids (64 hex chars) of stored chunks
+    system_prompt: str = ""
+    max_new_tokens: int = 64
+    mode: str = "blend"
+    recompute_ratio: float = 0.15
+    compression: CompressionSpec | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    namespace: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunks", tuple(self.chunks))
+        if not self.question or not self.question.strip():
+            raise InvalidArgument("question", "must not be empty")
+        if len(self.question) > MAX_QUESTION_CHARS:
+            raise InvalidArgument("question", f"longer than {MAX_QUESTION_CHARS} characters")
+        if not self.chunks:
+            raise InvalidArgument("chunks", "at least one chunk is required")
+        if len(self.chunks) > MAX_CHUNKS:
+            raise InvalidArgument("chunks", f"at most {MAX_CHUNKS} chunks per request, got {len(self.chunks)}")
+        for i, chunk in enumerate(self.chunks):
+            if not chunk or not chunk.strip():
+                raise InvalidArgument(f"chunks[{i}]", "must not be empty")
+            if len(chunk) > MAX_CHUNK_CHARS:
+                raise InvalidArgument(f"chunks[{i}]", f"longer than {MAX_CHUNK_CHARS} characters")
+        if len(self.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
+            raise InvalidArgument("system_prompt", f"longer than {MAX_SYSTEM_PROMPT_CHARS} characters")
+        if self.mode not in MODES:
+            raise InvalidArgument("mode", f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        if not (isinstance(self.recompute_ratio, (int, float)) and 0.0 <= self.recompute_ratio <= 1.0):
+            raise InvalidArgument("recompute_ratio", f"must be in [0, 1], got {self.recompute_ratio}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise InvalidArgument("max_new_tokens", f"must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}")
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 10.0):
+            raise InvalidArgument("temperature", f"must be in [0, 10], got {self.temperature}")
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise InvalidArgument("top_p", f"must be in (0, 1], got {self.top_p}")
+        if len(self.namespace) > 128:
+            raise InvalidArgument("namespace", "longer than 128 characters")
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    id: str  # content address, hex
+    num_tokens: int
+    cached: bool  # was already stored
+
+
+@dataclass
+class GenerateResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    ttft_s: float
+    total_s: float
+    stats: dict = field(default_factory=dict)  # chunks_hit, chunks_computed, recomputed_tokens, prompt_tokens, kv_bytes_loaded, ...

@@ -1,0 +1,162 @@
+"""ModelRunner: a plain-torch Llama-family forward pass, layer by layer, over a KVCache.
+
+The transformers model supplies the weights and modules (projections, norms,
+MLP, rotary frequencies); the runner owns the loop, so blending can send a
+subset of tokens through later layers and eviction can look at queries.
+Batch size is 1: hidden states are [S, hidden].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from kvstore.kv import ChunkKV
+from workers.attention import attend
+from workers.cache import KVCache, LayerKV
+from workers.model import DEFAULT_MODEL, LoadedModel, load_model
+from workers.rope import RE_ROTATABLE_ROPE_TYPES, rope_cos_sin, rotate_half
+
+
+class AttentionObserver(Protocol):
+    """Sees each layer's queries and the KV they attend to (eviction scoring, diagnostics)."""
+
+    def __call__(self, layer: int, q: torch.Tensor, q_positions: torch.Tensor, kv: LayerKV) -> None: ...
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+
+
+def _rope_type(config) -> str:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return params.get("rope_type", params.get("type", "default")) or "default"
+
+
+class ModelRunner:
+    _loaded: dict[tuple, "ModelRunner"] = {}
+
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.fingerprint = loaded.fingerprint
+        config = self.model.config
+        self.config = config
+        self.shape = ModelShape(
+            num_layers=config.num_hidden_layers,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+            hidden_size=config.hidden_size,
+            vocab_size=config.vocab_size,
+        )
+        self.layers = self.model.model.layers
+        rotary = self.model.model.rotary_emb
+        self.inv_freq = rotary.inv_freq.detach().float()  # [D/2]
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.rope_type = _rope_type(config)
+        self.device = next(self.model.parameters()).device
+        self.dtype = next(self.model.parameters()).dtype
+
+    @classmethod
+    def load(cls, source: str = DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None) -> "ModelRunner":
+        """Load once per process per (source, device, dtype)."""
+        key = (source, device, dtype)
+        if key not in cls._loaded:
+            cls._loaded[key] = cls(load_model(source, device=device, dtype=dtype))
+        return cls._loaded[key]
+
+    # -- text ---------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    @property
+    def can_rerotate(self) -> bool:
+        return self.rope_type in RE_ROTATABLE_ROPE_TYPES
+
+    @property
+    def stop_token_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        ids.update(eos if isinstance(eos, list) else [eos])
+        return {i for i in ids if i is not None}
+
+    # -- forward pieces -----------------------------------------------------
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids: [S] -> hidden: [S, hidden]."""
+        return self.model.model.embed_tokens(token_ids.to(self.device))
+
+    def qkv(self, layer: int, normed: torch.Tensor, positions: torch.Tensor):
+        """normed: [S, hidden] -> q [Hq, S, D], k [Hkv, S, D] (both RoPE'd at positions), v [Hkv, S, D]."""
+        attn = self.layers[layer].self_attn
+        seq, head_dim = normed.shape[0], self.shape.head_dim
+        q = attn.q_proj(normed).view(seq, -1, head_dim)
+        k = attn.k_proj(normed).view(seq, -1, head_dim)
+        v = attn.v_proj(normed).view(seq, -1, head_dim)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = rope_cos_sin(positions, self.inv_freq.to(positions.device))
+        cos, sin = (cos * self.rope_scale).to(self.dtype), (sin * self.rope_scale).to(self.dtype)
+        q = (q.transpose(0, 1) * cos) + (rotate_half(q.transpose(0, 1)) * sin)
+        k = (k.transpose(0, 1) * cos) + (rotate_half(k.transpose(0, 1)) * sin)
+        return q, k, v.transpose(0, 1)
+
+    def layer_forward(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                      slots: torch.Tensor | None = None, observer: AttentionObserver | None = None) -> torch.Tensor:
+        """One decoder layer. New K/V are appended to the cache, or written over `slots` [S] when given."""
+        block = self.layers[layer]
+        q, k, v = self.qkv(layer, block.input_layernorm(hidden), positions)
+        if slots is None:
+            kv = cache.update(layer, k, v, positions)
+        else:
+            kv = cache.layers[layer]
+            kv.keys[:, slots] = k
+            kv.values[:, slots] = v
+        if observer is not None:
+            observer(layer, q, positions, kv)
+        out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask)
+        hidden = hidden + block.self_attn.o_proj(out)
+        return hidden + block.mlp(block.post_attention_layernorm(hidden))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [S, hidden] -> logits [S, vocab] (fp32)."""
+        return self.model.lm_head(self.model.model.norm(hidden)).float()
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                observer: AttentionObserver | None = None, last_only: bool = True,
+                layers: range | None = None) -> torch.Tensor:
+        """Run tokens through all layers, appending their K/V; returns logits (of the last token by default)."""
+        positions = positions.to(self.device)
+        hidden = self.embed(token_ids)
+        for layer in layers or range(self.shape.num_layers):
+            hidden = self.layer_forward(layer, hidden, positions, cache, observer=observer)
+        return self.logits(hidden[-1:] if last_only else hidden)
+
+    @torch.inference_mode()
+    def chunk_kv(self, token_ids: list[int]) -> ChunkKV:
+        """KV of one chunk computed on its own, at positions 0..n-1."""
+        if not token_ids:
+            raise ValueError("chunk has no tokens")
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        positions = torch.arange(len(token_ids), device=self.device)
+        cache = KVCache.empty(self.shape.num_layers)
+        hidden = self.embed(ids)
+        for layer in range(self.shape.num_layers):
+            hidden = self.layer_forward(layer, hidden, positions, cache)
+        keys = torch.stack([cache.layers[i].keys for i in range(self.shape.num_layers)])
+        values = torch.stack([cache.layers[i].values for i in range(self.shape.num_layers)])
+        return ChunkKV(keys=keys, values=values, token_ids=list(token_ids))
+
