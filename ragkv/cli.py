@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, one-line help)
     "serve": ("ragkv.commands.serve", "run the gRPC server"),
     "demo": ("ragkv.commands.demo", "the main job on the embedded default model"),
     "bench": ("ragkv.commands.bench", "benchmarks: codecs | store | blend | eviction"),
-    "check": ("ragkv.commands.check", "check the installation and a running server"),
+    "check": ("ragkv.commands.check", "self-check: is blending valid for this model"),
 }
 
 

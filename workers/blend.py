@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
+from kvstore.kernels.dispatch import rerotate_keys
 from kvstore.kv import ChunkKV
 from workers.attention import attend
 from workers.cache import KVCache, LayerKV
 from workers.prompt import PromptLayout
-from workers.rope import rerotate_keys
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,8 @@ def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[Chun
     values[:, :, : layout.prefix_len] = prefix.values.to(device, dtype)
     computed[: layout.prefix_len] = False
     for (start, end), chunk in zip(layout.chunk_spans, chunks):
-        keys[:, :, start:end] = rerotate_keys(chunk.keys.to(device), start, runner.inv_freq).to(dtype)
+        # Triton on CUDA, workers.rope.rerotate_keys otherwise (kvstore/kernels/dispatch.py)
+        keys[:, :, start:end] = rerotate_keys(chunk.keys.to(device), start, runner.inv_freq, out_dtype=dtype)
         values[:, :, start:end] = chunk.values.to(device, dtype)
         computed[start:end] = False
     positions = torch.arange(n, device=device)

@@ -71,6 +71,7 @@ class Engine:
         self._compute_lock = threading.Lock()  # one forward pass at a time: torch already uses every core
         self._prefix_cache: OrderedDict[str, ChunkKV] = OrderedDict()
         self._counters = {"requests": 0, "chunks_hit": 0, "chunks_computed": 0, "ingested": 0, "degraded": 0}
+        self._pool = _chunk_pool(config)  # workers=ray|ray://|auto: chunk KV computed on Ray actors
 
     # -- chunks ---------------------------------------------------------------
     def _tokenize_chunk(self, text: str, field_name: str) -> list[int]:
@@ -89,6 +90,11 @@ class Engine:
             if pin:
                 store.pin(address)
             return kv, True
+        if self._pool is not None and store is self.store:  # the actor writes the block; read it back
+            self._pool.compute([token_ids], namespace, pin)
+            kv = store.get(address, token_ids)
+            if kv is not None:
+                return kv, False
         kv = self.runner.chunk_kv(token_ids)
         try:
             if store.put(kv, address) and pin:
@@ -255,6 +261,20 @@ class Engine:
 
     def close(self) -> None:
         self.store.close()
+
+
+def _chunk_pool(config: EngineConfig):
+    """The process's Ray WorkerPool for `config.workers`, or None (inproc; auto with no cluster up)."""
+    if config.workers in ("", "inproc"):
+        return None
+    from workers import ray_pool
+
+    if config.workers == "auto":
+        try:
+            ray_pool.ensure_ray("auto")
+        except (ConnectionError, RuntimeError):
+            return None
+    return ray_pool.pool_for(config)
 
 
 def _nbytes(kv: ChunkKV) -> int:

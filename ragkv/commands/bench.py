@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-SUITES = ("codecs", "store", "blend", "eviction", "lora")
+SUITES = ("codecs", "store", "blend", "eviction", "lora", "precompute")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,15 +1,101 @@
-"""`ragkv demo` (placeholder until the real command lands)."""
+"""`ragkv demo`: the main job on the embedded default model.
+
+Starts an embedded server on a free loopback port, ingests the sample documents
+through the SDK, shows what was stored, then asks the sample questions in `full`
+and `blend` mode and prints answers, TTFT and speedup side by side.
+"""
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
-HELP = "demo (not implemented yet)"
+HELP = "the main job on the embedded default model"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default", help="default or a local HF model directory")
+    parser.add_argument("--store", default="", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
+    parser.add_argument("--codec", default="kivi2", help="codec of stored chunks")
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+
+
+def _stored_bytes_table(engine, refs, console) -> None:
+    """Bytes of the ingested chunks' KV under every codec (encoded for real, not estimated)."""
+    from rich.table import Table
+
+    from kvstore.block import encode_block
+    from kvstore.codecs import CODECS, make_codec
+
+    kvs = [engine.store.get(ref.id) for ref in refs]
+    tokens = sum(ref.num_tokens for ref in refs)
+    table = Table(title=f"stored: {len(refs)} chunks, {tokens} tokens")
+    for column in ("codec", "bytes", "bytes/token", "ratio vs fp16"):
+        table.add_column(column, justify="right")
+    sizes = {name: sum(len(encode_block(kv, make_codec(name), engine.runner.fingerprint)) for kv in kvs if kv is not None)
+             for name in CODECS}
+    for name, size in sizes.items():
+        marker = " (serving)" if name == engine.config.codec else ""
+        table.add_row(name + marker, f"{size:,}", f"{size / tokens:,.0f}", f"{sizes['fp16'] / size:.1f}x")
+    console.print(table)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("not implemented yet")
+    from rich.console import Console
+    from rich.progress import track
+
+    from client import RagKVClient
+    from ragkv.config import ServeConfig
+    from ragkv.samples import sample_documents, sample_questions
+    from ragkv.server.app import build_engine, start_server
+
+    console = Console(width=max(Console().width, 150))
+    config = ServeConfig(host="127.0.0.1", port=0, model=args.model, store=args.store, codec=args.codec)
+    with console.status(f"loading model {args.model!r} (first run converts the GGUF once)..."):
+        engine = build_engine(config)
+    running = start_server(config, engine)
+    target = f"127.0.0.1:{running.port}"
+    console.print(f"[bold]ragkv demo[/bold]: embedded server on {target}, store {config.store_url}, codec {config.codec}")
+    try:
+        with RagKVClient(target) as client:
+            docs = sample_documents()
+            refs = []
+            for name, text in track(list(docs.items()), description="ingesting sample documents", console=console):
+                refs += client.ingest([text], pin=False)
+            _stored_bytes_table(engine, refs, console)
+            _ask(client, list(docs.values()), sample_questions(), args.max_new_tokens, console)
+    finally:
+        running.drain(5)
+        engine.close()
+    return 0
+
+
+def _first_line(text: str, limit: int = 70) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _ask(client, chunks, questions, max_new_tokens, console) -> None:
+    from rich.table import Table
+
+    table = Table(title="answers over all sample documents (full prefill vs CacheBlend)", show_lines=True)
+    for column in ("question", "expected", "full answer", "blend answer", "TTFT full", "TTFT blend", "speedup",
+                   "chunks hit"):
+        table.add_column(column)
+    speedups, correct = [], {"full": 0, "blend": 0}
+    for q in questions:
+        results = {mode: client.generate(q.question, chunks=chunks, mode=mode, max_new_tokens=max_new_tokens)
+                   for mode in ("full", "blend")}
+        for mode, r in results.items():
+            correct[mode] += q.answer.lower() in r.text.lower()
+        full, blend = results["full"], results["blend"]
+        speedups.append(full.ttft_s / blend.ttft_s)
+        table.add_row(q.question, q.answer, _first_line(full.text), _first_line(blend.text), f"{full.ttft_s:.2f}s",
+                      f"{blend.ttft_s:.2f}s", f"{speedups[-1]:.1f}x",
+                      f"{blend.stats['chunks_hit']}/{len(chunks)}")
+    console.print(table)
+    n = len(questions)
+    console.print(f"prompt ~{full.stats['prompt_tokens']} tokens; median TTFT speedup blend vs full: "
+                  f"[bold]{statistics.median(speedups):.1f}x[/bold]; correct: full {correct['full']}/{n}, "
+                  f"blend {correct['blend']}/{n}")

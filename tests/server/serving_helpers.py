@@ -6,21 +6,16 @@ import datetime
 import ipaddress
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from kvstore.testing import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_PREFIX = "ragkv listening on "
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

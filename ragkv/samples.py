@@ -1,0 +1,25 @@
+"""The sample documents and questions shipped with ragkv (used by the demo, examples and benches)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+
+@dataclass(frozen=True)
+class SampleQuestion:
+    question: str
+    answer: str
+    doc: str
+
+
+def sample_documents() -> dict[str, str]:
+    """name -> text, in a stable order."""
+    docs = resources.files("ragkv") / "data" / "docs"
+    return {p.name: p.read_text().strip() for p in sorted(docs.iterdir(), key=lambda p: p.name) if p.name.endswith(".txt")}
+
+
+def sample_questions() -> list[SampleQuestion]:
+    raw = json.loads((resources.files("ragkv") / "data" / "questions.json").read_text())
+    return [SampleQuestion(**q) for q in raw]

@@ -1,0 +1,135 @@
+"""Batch precompute: chunk a corpus and store every chunk's KV, fanned out over Ray worker actors.
+
+    python -m workers.precompute --corpus DIR --store redis://HOST:6379/0 \\
+        [--chunk-tokens 256] [--codec kivi2] [--workers N] [--namespace NS] [--model default]
+
+Reads *.txt and *.jsonl (field `text`) under DIR, cuts each document into
+token windows (workers/chunking.py), skips chunks whose block is already
+stored (so a rerun resumes), computes the rest on N actors that write
+straight to the store, and prints one summary JSON line. Under
+`ray job submit` it joins the job's cluster; run directly it starts a local
+one (or joins RAY_ADDRESS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from workers.chunking import DEFAULT_CHUNK_TOKENS, chunk_text, read_corpus
+from workers.engine import EngineConfig
+
+BATCH_CHUNKS = 4  # chunks per actor call: small enough to spread and to lose little to a dead actor
+
+
+@dataclass
+class Summary:
+    documents: int = 0
+    chunks: int = 0  # chunks in the corpus (after dedup of identical chunks)
+    skipped: int = 0  # already stored before dispatch
+    computed: int = 0  # computed and written by this run
+    waited: int = 0  # found computed by someone else while in flight (single-flight)
+    tokens: int = 0  # tokens of the computed chunks
+    bytes: int = 0  # block bytes written
+    seconds: float = 0.0
+    chunks_per_s: float = 0.0
+    workers: int = 0
+    retries: int = 0
+
+
+def plan(corpus: str, tokenizer, store, chunk_tokens: int, namespace: str) -> tuple[int, list[list[int]], int]:
+    """-> (documents, token lists of the chunks still missing from the store, chunks in total)."""
+    documents, seen, missing = 0, set(), []
+    for _, text in read_corpus(corpus):
+        documents += 1
+        for piece in chunk_text(tokenizer, text, chunk_tokens):
+            token_ids = tokenizer(piece, add_special_tokens=False)["input_ids"]
+            address = store.address_for(token_ids, namespace)
+            if address in seen:
+                continue
+            seen.add(address)
+            if not store.contains(address):
+                missing.append(token_ids)
+    return documents, missing, len(seen)
+
+
+def run(corpus: str, store_url: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, codec: str = "kivi2",
+        workers: int | None = None, namespace: str = "", model: str = "default", progress: bool = True,
+        pool=None) -> Summary:
+    from kvstore.backends.registry import open_backend
+    from kvstore.store import BlockStore
+    from workers.ray_pool import WorkerPool, ensure_ray
+
+    start = time.perf_counter()
+    tokenizer, fingerprint = load_tokenizer_and_fingerprint(model)
+    store = BlockStore(open_backend(store_url), codec, fingerprint)
+    documents, missing, total = plan(corpus, tokenizer, store, chunk_tokens, namespace)
+    summary = Summary(documents=documents, chunks=total, skipped=total - len(missing))
+    if missing:
+        if pool is None:
+            ensure_ray("ray")
+            pool = WorkerPool(EngineConfig(model=model, store=store_url, codec=codec, memory_budget_bytes=None),
+                              num_workers=workers)
+        summary.workers = len(pool)
+        batches = [(missing[i:i + BATCH_CHUNKS], namespace) for i in range(0, len(missing), BATCH_CHUNKS)]
+        bar = _progress(len(missing), progress)
+
+        def on_result(_batch, rows) -> None:
+            for row in rows:
+                if row["outcome"] == "computed":
+                    summary.computed += 1
+                    summary.tokens += row["num_tokens"]
+                    summary.bytes += row["bytes"]
+                elif row["outcome"] == "waited":
+                    summary.waited += 1
+                else:
+                    summary.skipped += 1
+            bar.update(len(rows))
+
+        pool.map("compute", batches, on_result)
+        bar.close()
+        summary.retries = pool.retries
+    store.close()
+    summary.seconds = round(time.perf_counter() - start, 3)
+    summary.chunks_per_s = round(summary.computed / summary.seconds, 3) if summary.seconds else 0.0
+    return summary
+
+
+def load_tokenizer_and_fingerprint(model: str):
+    """The driver only needs the tokenizer and the model fingerprint (for addresses), not the weights."""
+    from transformers import AutoTokenizer
+
+    from workers.model import compute_fingerprint, resolve_model_dir
+
+    model_dir = resolve_model_dir(model)
+    return AutoTokenizer.from_pretrained(model_dir), compute_fingerprint(model_dir)
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="chunk", desc="precompute", disable=not enabled, file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workers.precompute", description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpus", required=True, help="directory of *.txt and *.jsonl (field `text`) files")
+    p.add_argument("--store", required=True, help="redis://HOST:PORT/DB (cluster) or disk:PATH (one node)")
+    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS)
+    p.add_argument("--codec", default="kivi2")
+    p.add_argument("--workers", type=int, default=None, help="actors (default: GPUs, else CPUs/4, at least 1)")
+    p.add_argument("--namespace", default="")
+    p.add_argument("--model", default="default")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    summary = run(args.corpus, args.store, args.chunk_tokens, args.codec, args.workers, args.namespace,
+                  args.model, progress=not args.no_progress)
+    print(json.dumps({"precompute": asdict(summary)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
