@@ -29,7 +29,7 @@ class ServeConfig:
     model: str = "default"
     store: str = ""  # empty: disk under the cache dir (see store_url)
     codec: str = "kivi2"
-    workers: str = "inproc"  # inproc | ray | ray://ADDRESS
+    workers: str = "inproc"  # inproc | ray | auto | ray://ADDRESS
     device: str | None = None
     memory_budget_bytes: int | None = None  # in-memory tier over the store; None: the engine's default
     token: str | None = None  # bearer token required on every RagKV call; None: no auth
@@ -50,8 +50,8 @@ class ServeConfig:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.codec not in ("fp16", "int8", "int4", "kivi2"):
             raise ValueError(f"unknown codec {self.codec!r}")
-        if not (self.workers in ("inproc", "ray") or self.workers.startswith("ray://")):
-            raise ValueError(f"--workers must be inproc, ray or ray://ADDRESS, got {self.workers!r}")
+        if not (self.workers in ("inproc", "ray", "auto") or self.workers.startswith("ray://")):
+            raise ValueError(f"--workers must be inproc, ray, auto or ray://ADDRESS, got {self.workers!r}")
 
     @property
     def store_url(self) -> str:

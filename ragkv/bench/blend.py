@@ -6,6 +6,7 @@ back to back, so the modes are compared side by side under the same machine load
 
 from __future__ import annotations
 
+import re
 import statistics
 import tempfile
 
@@ -15,8 +16,16 @@ from ragkv.bench.rag_dataset import make_queries
 from workers.requests import MODES, GenerateRequest
 
 
-def _normalize(text: str) -> str:
-    return " ".join(text.lower().split()).rstrip(".")
+CODE_RE = re.compile(r"\b\d{5}\b")
+
+
+def extract_answer(text: str) -> str:
+    """The answer a reader takes away: the first 5-digit code, else the normalized first line."""
+    match = CODE_RE.search(text)
+    if match:
+        return match.group(0)
+    lines = text.strip().splitlines()
+    return " ".join(lines[0].lower().split()).rstrip(".") if lines else ""
 
 
 def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_new_tokens: int, seed: int,
@@ -36,7 +45,7 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
             result = engine.generate(GenerateRequest(question=query.question, chunks=query.chunks, mode=mode,
                                                      max_new_tokens=max_new_tokens))
             ttft[mode].append(result.ttft_s)
-            answers[mode] = _normalize(result.text)
+            answers[mode] = extract_answer(result.text)
             correct[mode] += query.answer in result.text
             bar.update()
         prompt_tokens.append(len(result.prompt_token_ids))
@@ -71,8 +80,81 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
             warm = make_queries(1, 2, 32, lambda t: len(engine.runner.tokenize(t)), seed=999)[0]
             for mode in MODES:  # first-call costs (allocator, kernels) stay out of the figures
                 engine.generate(GenerateRequest(question=warm.question, chunks=warm.chunks, mode=mode, max_new_tokens=2))
-            runs = [run_one(engine, n, chunk_tokens, num_queries, 12, seed=n, progress=progress) for n in chunk_counts]
+            runs = [run_one(engine, n, chunk_tokens, num_queries, 24, seed=n, progress=progress) for n in chunk_counts]
         finally:
             engine.close()
     main = next((r for r in runs if r["chunks"] == 8), runs[0])
-    return {**main, "codec": codec, "recompute_ratio": 0.15, "runs": runs}
+    return {**main, "codec": codec, "recompute_ratio": 0.15, "max_new_tokens": 24,
+            "agreement_definition": "same extracted answer as full (first 5-digit code, else first line)",
+            "runs": runs}
+
+
+def teacher_forced_logits(runner, cache, first_logits, next_position: int, tokens: list[int]):
+    """Logits [len(tokens), vocab] at each answer step, feeding `tokens` (e.g. full's output) back in."""
+    import torch
+
+    steps = [first_logits.reshape(-1)]
+    for i, token in enumerate(tokens[:-1]):
+        ids = torch.tensor([token], device=runner.device)
+        positions = torch.tensor([next_position + i], device=runner.device)
+        steps.append(runner.forward(ids, positions, cache).reshape(-1))
+    return torch.stack(steps)
+
+
+def mean_kl(reference_logits, logits) -> float:
+    """Mean KL(reference || other) over steps; both [steps, vocab]."""
+    import torch
+
+    ref = torch.log_softmax(reference_logits.float(), dim=-1)
+    other = torch.log_softmax(logits.float(), dim=-1)
+    return float((ref.exp() * (ref - other)).sum(dim=-1).mean())
+
+
+def tune(num_queries: int = 8, num_chunks: int = 4, chunk_tokens: int = 128, codec: str = "kivi2",
+         check_layers: tuple[int, ...] = (1, 2, 4), measures: tuple[str, ...] = ("k", "v", "kv"),
+         ratio: float = 0.15, progress: bool = True) -> dict:
+    """Which check layer and deviation measure keep blend closest to full? Mean teacher-forced KL vs full."""
+    import torch
+
+    from kvstore.codecs import make_codec
+    from kvstore.kv import ChunkKV
+    from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+    from workers.cache import KVCache
+    from workers.generate import SamplingParams, decode
+    from workers.prompt import build_prompt
+    from workers.runner import ModelRunner
+
+    runner = ModelRunner.load()
+    quantizer = make_codec(codec)
+
+    def stored(kv: ChunkKV) -> ChunkKV:  # what a store round trip gives back
+        keys, values = quantizer.decode(quantizer.encode(kv.keys, kv.values), tuple(kv.keys.shape), kv.keys.dtype)
+        return ChunkKV(keys, values, kv.token_ids)
+
+    queries = make_queries(num_queries, num_chunks, chunk_tokens, lambda t: len(runner.tokenize(t)), seed=123)
+    configs = [(layer, measure) for layer in check_layers for measure in measures]
+    kl = {f"layer{layer}-{measure}": [] for layer, measure in configs}
+    kl["reuse"] = []
+    for query in tqdm(queries, desc="blend tuning", disable=not progress):
+        chunks = [runner.tokenize(c) for c in query.chunks]
+        layout = build_prompt(runner.tokenizer, "", chunks, query.question)
+        ids = torch.tensor(layout.token_ids, device=runner.device)
+        n = layout.num_tokens
+        full_cache = KVCache.empty(runner.shape.num_layers)
+        full_first = runner.forward(ids, torch.arange(n, device=runner.device), full_cache)
+        answer = list(decode(runner, full_cache, full_first, n, SamplingParams(max_new_tokens=16)))
+        if not answer:
+            continue
+        # one pass over prompt + answer gives full's logits at every answer step
+        with_answer = torch.cat([ids, torch.tensor(answer[:-1], device=runner.device, dtype=ids.dtype)])
+        reference = runner.forward(with_answer, torch.arange(len(with_answer), device=runner.device),
+                                   KVCache.empty(runner.shape.num_layers), last_only=False)[n - 1:]
+        prefix = runner.chunk_kv(layout.prefix_ids)
+        kvs = [stored(runner.chunk_kv(c)) for c in chunks]
+        for name, layer, measure in [("reuse", 1, "kv")] + [(f"layer{l}-{m}", l, m) for l, m in configs]:
+            cache, computed = fuse_chunks(runner, layout, prefix, kvs)
+            first, _ = blend_prefill(runner, layout, cache, computed, BlendConfig(ratio, layer, measure),
+                                     reuse=name == "reuse")
+            kl[name].append(mean_kl(reference, teacher_forced_logits(runner, cache, first, n, answer)))
+    return {"codec": codec, "recompute_ratio": ratio, "chunks": num_chunks, "chunk_tokens": chunk_tokens,
+            "queries": num_queries, "mean_kl_vs_full": {k: statistics.mean(v) for k, v in kl.items() if v}}

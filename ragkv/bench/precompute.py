@@ -44,7 +44,10 @@ def run(quick: bool = False, progress: bool = True) -> dict:
     docs, words, chunk_tokens, repeats = (4, 200, 64, 3) if quick else (8, 400, 128, 5)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")
-    out: dict = {"chunk_tokens": chunk_tokens, "cpus": os.cpu_count(), "workers": {}}
+    import torch
+
+    out: dict = {"chunk_tokens": chunk_tokens, "cpus": os.cpu_count(), "driver_torch_threads": torch.get_num_threads(),
+                 "workers": {}}
     try:
         corpus = _corpus(Path(tmp) / "corpus", docs, words)
         with RedisServer() as server:
@@ -62,7 +65,11 @@ def run(quick: bool = False, progress: bool = True) -> dict:
             r1, r2 = out["workers"][1]["chunks_per_s"], out["workers"][2]["chunks_per_s"]
             out["scaling_2_vs_1"] = round(r2 / r1, 3) if r1 else None
 
-            texts = [p.read_text() for p in sorted(corpus.glob("*.txt"))][:2]
+            from workers.chunking import chunk_text
+            from workers.precompute import load_tokenizer_and_fingerprint
+
+            tokenizer, _ = load_tokenizer_and_fingerprint(config.model)
+            texts = chunk_text(tokenizer, (corpus / "doc0.txt").read_text(), chunk_tokens)[:2]  # stored chunks
             request = GenerateRequest(question="Which words repeat?", chunks=tuple(texts), max_new_tokens=8)
             inproc = Engine(EngineConfig(store=server.url))
             remote = RayEngine(replace_workers(config), pool)

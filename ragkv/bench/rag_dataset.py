@@ -1,7 +1,9 @@
 """Synthetic RAG set: a fictional fact hidden in one of N retrieved chunks, the others distractors.
 
-Every chunk holds one fact of the same form about a different fictional archive,
-so the model must find the right chunk and cannot answer from memory.
+The needle chunk states the access code of one fictional archive; every other
+chunk states a different kind of fact about another archive (its colour, its
+ledger count), so the prompt holds exactly one access code, the model cannot
+answer from memory, and the answer is checked by the 5-digit code it must copy.
 """
 
 from __future__ import annotations
@@ -36,8 +38,17 @@ class RagQuery:
     needle_chunk: int
 
 
+COLOURS = ("red", "ochre", "teal", "violet", "grey", "green", "white", "amber")
+
+
 def _fact(name: str, code: str) -> str:
     return f"The access code for the {name} archive is {code}."
+
+
+def _distractor(rng: random.Random, name: str) -> str:
+    if rng.random() < 0.5:
+        return f"The door of the {name} archive is painted {rng.choice(COLOURS)}."
+    return f"The {name} archive keeps {rng.randrange(12, 95)} ledgers on its top shelf."
 
 
 def make_chunk(rng: random.Random, fact: str, count_tokens, chunk_tokens: int) -> str:
@@ -54,9 +65,10 @@ def make_queries(num_queries: int, num_chunks: int, chunk_tokens: int, count_tok
     queries = []
     for _ in range(num_queries):
         names = rng.sample(NAMES, num_chunks) if num_chunks <= len(NAMES) else [f"{rng.choice(NAMES)}-{i}" for i in range(num_chunks)]
-        codes = [str(rng.randrange(10000, 100000)) for _ in names]
-        chunks = [make_chunk(rng, _fact(n, c), count_tokens, chunk_tokens) for n, c in zip(names, codes)]
         target = rng.randrange(num_chunks)
+        code = str(rng.randrange(10000, 100000))
+        facts = [_fact(n, code) if i == target else _distractor(rng, n) for i, n in enumerate(names)]
+        chunks = [make_chunk(rng, fact, count_tokens, chunk_tokens) for fact in facts]
         queries.append(RagQuery(chunks=chunks, question=f"What is the access code for the {names[target]} archive?",
-                                answer=codes[target], needle_chunk=target))
+                                answer=code, needle_chunk=target))
     return queries

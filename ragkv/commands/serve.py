@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="default (embedded SmolLM2-135M-Instruct) or a local HF model directory")
     p.add_argument("--store", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
     p.add_argument("--codec", choices=("fp16", "int8", "int4", "kivi2"), help=f"KV codec (default {d.codec})")
-    p.add_argument("--workers", help="inproc, ray or ray://ADDRESS (default inproc)")
+    p.add_argument("--workers", help="inproc, ray (local cluster), auto (join a running cluster, else inproc) or ray://ADDRESS (default inproc)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--memory-budget", type=_size, dest="memory_budget_bytes", metavar="BYTES",
                    help="in-memory tier budget, e.g. 512M or 2G")

@@ -80,14 +80,15 @@ def start_server(config: ServeConfig, engine, metrics: Metrics | None = None) ->
 
 
 def build_engine(config: ServeConfig):
-    """The engine for `config` (imports torch and loads the model: seconds)."""
-    from workers.engine import Engine, EngineConfig
+    """The engine for `config`: in process (loads the model: seconds), or a thin front to Ray workers."""
+    from workers.engine import EngineConfig
+    from workers.ray_pool import make_engine
 
     kwargs = dict(model=config.model, store=config.store_url, codec=config.codec, device=config.device,
                   workers=config.workers)
     if config.memory_budget_bytes is not None:
         kwargs["memory_budget_bytes"] = config.memory_budget_bytes
-    return Engine(EngineConfig(**kwargs))
+    return make_engine(EngineConfig(**kwargs))
 
 
 def serve(config: ServeConfig) -> int:

@@ -25,6 +25,16 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 WINDOW_QUERIES = 8
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The eviction bookkeeping is many tiny ops; on 2 shared cores intra-op threads mostly wait on
+    each other (measured 0.14 ms vs 24 ms per op under load), so this module runs single-threaded."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def clone(cache: KVCache) -> KVCache:
     return KVCache([LayerKV(kv.keys.clone(), kv.values.clone(), kv.positions.clone()) for kv in cache.layers])
 
@@ -40,8 +50,7 @@ def prefilled(runner):
     layout = build_prompt(runner.tokenizer, SYSTEM, [runner.tokenize(text)], "What is the pass key?")
     n = layout.num_tokens
     assert n <= 300 and SPAN[1] < n
-    compressors = {(p, b, pr): make_compressor(spec_for(p, b, pr), runner.shape, layout.prefix_len, n,
-                                               inv_freq=runner.inv_freq)
+    compressors = {(p, b, pr): make_compressor(spec_for(p, b, pr), runner.shape, layout.prefix_len, n)
                    for p in POLICY_NAMES for b in BUDGETS for pr in PROTECT}
     queries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -76,7 +85,7 @@ def test_policy_matrix(runner, prefilled, policy, budget, protect):
     compressor = prefilled["compressors"][(policy, budget, protect)]
     cache = clone(full)
     keeps = compressor.plan(cache)
-    stats = compressor.compress(cache)
+    stats = compressor.compress(cache, keeps)
     n = layout.num_tokens
     budget_tokens = CompressionSpec(budget=budget).budget_tokens(n)
     protected = protected_positions(layout, protect)
@@ -86,7 +95,7 @@ def test_policy_matrix(runner, prefilled, policy, budget, protect):
     assert stats["kv_bytes_after"] < stats["kv_bytes_before"] == full.nbytes()
     assert stats["kv_bytes_after"] == cache.nbytes()
     for i, kv in enumerate(cache.layers):
-        assert kv.num_tokens <= n if POLICIES[policy].per_head else kv.num_tokens < n  # per head: the longest head
+        assert kv.num_tokens <= min(n, compressor.layer_budgets[i] if not POLICIES[policy].per_head else n)
         for h in range(heads):
             assert protected <= kept_positions(kv, h), f"layer {i} head {h} lost protected tokens"
         if POLICIES[policy].per_head:
@@ -94,6 +103,14 @@ def test_policy_matrix(runner, prefilled, policy, budget, protect):
         else:
             assert kv.num_tokens == compressor.layer_budgets[i]
     assert sum(compressor.layer_budgets) == budget_tokens * runner.shape.num_layers
+    if policy == "adakv":  # heads of a layer keep unequal numbers of tokens; memory = the longest head
+        assert any(len(set(kv.head_mask.sum(1).tolist())) > 1 for kv in cache.layers)
+        assert all(kv.num_tokens == int(kv.head_mask.sum(1).max()) for kv in cache.layers)
+    if policy in ("pyramidkv", "dynamickv"):  # layers keep unequal numbers of tokens
+        assert len({kv.num_tokens for kv in cache.layers}) > 1
+    if policy == "pyramidkv":
+        assert compressor.layer_budgets == sorted(compressor.layer_budgets, reverse=True)
+    assert sum(kv.num_tokens for kv in cache.layers) < n * runner.shape.num_layers
 
     # masked reference + L1 bound on real activations, every layer and head
     scale = runner.layers[0].self_attn.scaling
@@ -127,9 +144,9 @@ def test_policy_matrix(runner, prefilled, policy, budget, protect):
         after(c)
         sizes.append([kv.num_tokens for kv in c.layers])
 
-    tokens = list(decode(runner, cache, prefilled["logits"], n, SamplingParams(max_new_tokens=4),
+    tokens = list(decode(runner, cache, prefilled["logits"], n, SamplingParams(max_new_tokens=3),
                          DecodeHooks(observer=hooks.observer, after_step=record)))
-    assert len(tokens) == 4 and len(sizes) == 3
+    assert len(sizes) in (len(tokens) - 1, len(tokens))  # no step after the last token, unless EOS came next
     for i, kv in enumerate(cache.layers):
         for h in range(heads):
             assert protected <= kept_positions(kv, h)
@@ -151,6 +168,15 @@ def test_budget_below_protected_is_invalid(runner, policy):
                     prefix_len=30, prompt_len=200)  # only the 4 sinks are protected: fine
 
 
+class NoStop:
+    """The runner, minus stop tokens: the stream must run for its full length."""
+
+    stop_token_ids: set[int] = set()
+
+    def __init__(self, runner):
+        self.device, self.forward = runner.device, runner.forward
+
+
 def distinct_2(tokens: list[int]) -> float:
     pairs = list(zip(tokens, tokens[1:]))
     return len(set(pairs)) / max(1, len(pairs))
@@ -161,7 +187,7 @@ def test_streaming_generates_4x_budget_with_constant_memory(runner):
     layout = build_prompt(runner.tokenizer, system, [runner.tokenize(
         "A fox lived at the edge of a large forest near a small village.")],
         "Tell me a long story about the fox, its friends and their adventures in the forest.")
-    n, budget = layout.num_tokens, 48
+    n, budget = layout.num_tokens, 32
     assert layout.prefix_len < budget < n
     compressor = make_compressor(CompressionSpec(policy="streaming", budget=budget), runner.shape,
                                  layout.prefix_len, n, inv_freq=runner.inv_freq)
@@ -169,6 +195,7 @@ def test_streaming_generates_4x_budget_with_constant_memory(runner):
     logits = runner.forward(torch.tensor(layout.token_ids), torch.arange(n), cache, observer=compressor.observer)
     compressor.compress(cache)
     bytes_after_prefill = cache.nbytes()
+    prefix_values = [kv.values[:, :layout.prefix_len].clone() for kv in cache.layers]
     hooks = compressor.decode_hooks()
     trace = []
 
@@ -178,7 +205,7 @@ def test_streaming_generates_4x_budget_with_constant_memory(runner):
                       max(int(kv.positions.max() - kv.positions.min()) for kv in c.layers)))
 
     steps = 4 * budget
-    tokens = list(decode(runner, cache, logits, n, SamplingParams(max_new_tokens=steps),
+    tokens = list(decode(NoStop(runner), cache, logits, n, SamplingParams(max_new_tokens=steps),
                          DecodeHooks(observer=hooks.observer, after_step=record)))
     assert len(tokens) == steps, runner.detokenize(tokens)
     assert {t[0] for t in trace} == {bytes_after_prefill}
@@ -186,3 +213,6 @@ def test_streaming_generates_4x_budget_with_constant_memory(runner):
     assert max(t[2] for t in trace) < 2 * budget  # window kept on compact positions (distances bounded)
     assert all(torch.isfinite(kv.keys).all() and torch.isfinite(kv.values).all() for kv in cache.layers)
     assert distinct_2(tokens) > 0.5, runner.detokenize(tokens)
+    # re-rotation moved positions, but the protected prefix (sinks + system prompt) is still the first slots
+    for kv, values in zip(cache.layers, prefix_values):
+        assert torch.equal(kv.values[:, :layout.prefix_len], values)

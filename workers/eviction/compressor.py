@@ -130,7 +130,7 @@ class Compressor:
         ctx.free = max(0, budget - int(protected.sum(dim=1).max()))
         score = self.policy.score(ctx)  # [Hkv, T]
         if self.policy.per_head or ctx.kv.positions.dim() == 2:
-            return select_per_head(score, protected, ctx.valid, budget, getattr(self.policy, "floor", 0.0))
+            return select_per_head(score, protected, ctx.valid, budget, self.policy.floor)
         token_score = torch.nan_to_num(score.float().mean(dim=0), nan=0.0)
         keep = select_tokens(token_score, protected[0], budget)
         return keep[None].expand_as(protected)
@@ -161,12 +161,13 @@ class Compressor:
 
     # -- public -------------------------------------------------------------
     @torch.inference_mode()
-    def compress(self, cache: KVCache) -> dict:
-        """Evict to budget after prefill; returns stats (bytes before/after, evicted, L1 loss / bound)."""
+    def compress(self, cache: KVCache, keeps: list[torch.Tensor] | None = None) -> dict:
+        """Evict to budget after prefill (to `keeps` when given: a plan() of this cache);
+        returns stats (bytes before/after, evicted, L1 loss / bound)."""
         before = cache.nbytes()
         slots_before = [int(_valid(kv).sum()) for kv in cache.layers]
         losses, bounds = [], []
-        keeps = self.plan(cache)
+        keeps = self.plan(cache) if keeps is None else keeps
         for i, keep in enumerate(keeps):
             kv = cache.layers[i]
             if self.policy is not None and self._states[i].queries is not None:
@@ -203,7 +204,7 @@ class Compressor:
                 ctx = self._context(i, kv, queries)
                 self._apply(cache, i, self._select(ctx, self._protected(i, kv), budgets[i]))
                 self._decode_evictions += 1
-            if self.inv_freq is not None and getattr(self.policy, "rerotate", False):
+            if self.inv_freq is not None and self.policy.rerotate:
                 kv = cache.layers[i]
                 if kv.positions.dim() == 1 and int(kv.positions.max() - kv.positions.min()) + 1 > 2 * kv.num_tokens:
                     cache.layers[i] = compact_positions(kv, self.inv_freq)

@@ -73,6 +73,8 @@ class Policy:
 
     name: ClassVar[str] = ""
     per_head: ClassVar[bool] = False  # choose per kv head (Ada-KV) instead of one token set per layer
+    floor: ClassVar[float] = 0.0  # per-head selection: share of each head's budget it keeps on its own
+    rerotate: ClassVar[bool] = False  # decode: keep the window on compact positions (streaming)
 
     @property
     def queries_needed(self) -> int:  # how many of the newest queries per layer to keep
@@ -116,6 +118,8 @@ def build_policy(spec: CompressionSpec) -> Policy:
 @dataclass
 class Streaming(Policy):
     """StreamingLLM (Xiao et al. 2024): attention sinks (protected) + the most recent tokens.
+
+    The recent window is the whole budget minus the protected tokens (spec.window is not used).
 
     `rerotate`: during decoding, keep the window on compact positions (see layout.compact_positions)
     so generation can run far beyond the model's context; needs the model's RoPE inv_freq.
