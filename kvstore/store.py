@@ -142,13 +142,21 @@ class BlockStore:
             return False
 
     def pin(self, address: str) -> bool:
-        return self.backend.pin(address)
+        return self._manage(self.backend.pin, address)
 
     def unpin(self, address: str) -> bool:
-        return self.backend.unpin(address)
+        return self._manage(self.backend.unpin, address)
 
     def evict(self, address: str) -> bool:
-        return self.backend.delete(address)
+        return self._manage(self.backend.delete, address)
+
+    def _manage(self, op, address: str) -> bool:
+        """pin/unpin/delete; an unreachable backend is False (nothing done) and marks the store degraded."""
+        try:
+            return op(address)
+        except BackendUnavailable as e:
+            self._down(e)
+            return False
 
     def stats(self) -> dict:
         try:

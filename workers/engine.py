@@ -124,12 +124,24 @@ class Engine:
     def _resolve_chunk(self, chunk: str, index: int, namespace: str) -> list[int]:
         if not is_chunk_id(chunk):
             return self._tokenize_chunk(chunk, f"chunks[{index}]")
-        header = self.store.get_header(chunk)
+        header = self._owned_header(chunk, namespace)
         if header is None and self.store.degraded:
             raise Unavailable(f"chunks[{index}]: the store is unavailable and the chunk was given by id only")
         if header is None:
             raise NotFound(f"chunks[{index}]: no stored chunk with id {chunk}")
         return list(header.token_ids)
+
+    def _owned_header(self, chunk_id: str, namespace: str):
+        """The stored block's header if `chunk_id` is the address of its tokens in `namespace`, else None.
+
+        An id names a block, not a namespace: re-deriving the address from the block's own token
+        ids and the caller's namespace keeps one namespace's blocks invisible to every other."""
+        if not is_chunk_id(chunk_id):
+            return None
+        header = self.store.get_header(chunk_id)
+        if header is None or self.store.address_for(header.token_ids, namespace) != chunk_id:
+            return None
+        return header
 
     def _prefix_kv(self, layout: PromptLayout) -> tuple[ChunkKV, bool]:
         address = self.prefix_store.address_for(layout.prefix_ids, PREFIX_NAMESPACE)
@@ -243,16 +255,16 @@ class Engine:
 
     # -- admin ------------------------------------------------------------------
     def lookup(self, ids: Sequence[str], namespace: str = "") -> list[bool]:
-        return [is_chunk_id(i) and self.store.contains(i) for i in ids]
+        return [self._owned_header(i, namespace) is not None for i in ids]
 
     def pin(self, ids: Sequence[str], namespace: str = "") -> int:
-        return sum(bool(self.store.pin(i)) for i in ids if is_chunk_id(i))
+        return sum(bool(self.store.pin(i)) for i in ids if self._owned_header(i, namespace) is not None)
 
     def unpin(self, ids: Sequence[str], namespace: str = "") -> int:
-        return sum(bool(self.store.unpin(i)) for i in ids if is_chunk_id(i))
+        return sum(bool(self.store.unpin(i)) for i in ids if self._owned_header(i, namespace) is not None)
 
     def evict(self, ids: Sequence[str], namespace: str = "") -> int:
-        return sum(bool(self.store.evict(i)) for i in ids if is_chunk_id(i))
+        return sum(bool(self.store.evict(i)) for i in ids if self._owned_header(i, namespace) is not None)
 
     def stats(self) -> dict:
         return {"engine": dict(self._counters), "store": self.store.stats(), "model": {

@@ -96,8 +96,19 @@ class GenerateRequest:
             raise InvalidArgument("temperature", f"must be in [0, 10], got {self.temperature}")
         if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise InvalidArgument("top_p", f"must be in (0, 1], got {self.top_p}")
-        if len(self.namespace) > 128:
-            raise InvalidArgument("namespace", "longer than 128 characters")
+        check_namespace(self.namespace)
+
+
+MAX_NAMESPACE_CHARS = 128
+
+
+def check_namespace(namespace: str) -> str:
+    """Printable and short: control characters are reserved (the engine's own prefix blocks use one)."""
+    if len(namespace) > MAX_NAMESPACE_CHARS:
+        raise InvalidArgument("namespace", f"longer than {MAX_NAMESPACE_CHARS} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in namespace):
+        raise InvalidArgument("namespace", "must not contain control characters")
+    return namespace
 
 
 @dataclass(frozen=True)

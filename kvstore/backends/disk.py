@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -24,6 +25,10 @@ from kvstore.backends.registry import register_backend
 
 BLOCK_SUFFIX = ".blk"
 PIN_SUFFIX = ".pin"
+# The LRU order lives in memory; file mtimes only rebuild it after a restart. Touch a file at
+# most this often (like relatime): on some filesystems an mtime change drops the file's page
+# cache, which made every hit a real read.
+MTIME_REFRESH_S = 60.0
 
 
 @register_backend("disk")
@@ -34,6 +39,7 @@ class DiskBackend(Backend):
         self.root = Path(root)
         self.fsync = fsync
         self._lru = LRUIndex(budget_bytes)
+        self._touched: dict[str, float] = {}  # key -> monotonic time of its last mtime refresh
         self.hits = self.misses = 0
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -78,7 +84,10 @@ class DiskBackend(Backend):
         try:
             with open(path, "rb") as f:
                 data = f.read()
-            os.utime(path)  # the access time the LRU is rebuilt from
+            now = time.monotonic()
+            if now - self._touched.get(key, -MTIME_REFRESH_S) >= MTIME_REFRESH_S:
+                os.utime(path)  # the access time the LRU is rebuilt from
+                self._touched[key] = now
         except FileNotFoundError:
             with self._lru.lock:
                 self._lru.remove(key)
@@ -129,6 +138,7 @@ class DiskBackend(Backend):
             raise
 
     def _remove_files(self, key: str, keep_pin: bool) -> bool:
+        self._touched.pop(key, None)
         removed = False
         for suffix in (BLOCK_SUFFIX,) if keep_pin else (BLOCK_SUFFIX, PIN_SUFFIX):
             try:

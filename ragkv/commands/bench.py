@@ -1,4 +1,4 @@
-"""`ragkv bench codecs|store|blend|eviction [--json OUT] [--quick]`."""
+"""`ragkv bench codecs|store|blend|eviction|lora|precompute|load [--json OUT] [--quick]`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-SUITES = ("codecs", "store", "blend", "eviction", "lora", "precompute")
+SUITES = ("codecs", "store", "blend", "eviction", "lora", "precompute", "load")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

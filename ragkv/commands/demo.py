@@ -11,6 +11,8 @@ import argparse
 import statistics
 import time
 
+from kvstore.backends.redis_backend import redact_url
+
 HELP = "the main job on the embedded default model"
 
 
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         engine = build_engine(config)
     running = start_server(config, engine)
     target = f"127.0.0.1:{running.port}"
-    console.print(f"[bold]ragkv demo[/bold]: embedded server on {target}, store {config.store_url}, codec {config.codec}")
+    console.print(f"[bold]ragkv demo[/bold]: embedded server on {target}, store {redact_url(config.store_url)}, codec {config.codec}")
     try:
         with RagKVClient(target) as client:
             docs = sample_documents()

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from kvstore.backends.redis_backend import redact_url
 from ragkv.config import ServeConfig
 from ragkv.server.admission import Admission
 from ragkv.server.interceptors import AuthInterceptor, ErrorInterceptor, RequestLogInterceptor
@@ -104,7 +105,7 @@ def serve(config: ServeConfig) -> int:
 
             start_http_server(config.metrics_port, addr=config.host, registry=running.metrics.registry)
         log.info("serving", extra={"fields": {"address": f"{config.host}:{running.port}", "tls": config.tls,
-                                              "auth": bool(config.token), "store": config.store_url,
+                                              "auth": bool(config.token), "store": redact_url(config.store_url),
                                               "codec": config.codec, "workers": config.workers,
                                               "metrics_port": config.metrics_port, "max_queue": config.max_queue}})
         print(f"ragkv listening on {config.host}:{running.port}", flush=True)

@@ -11,16 +11,18 @@ from ragkv.errors import InvalidArgument
 from ragkv.v1 import ragkv_pb2 as pb
 from workers.requests import (
     MAX_CHUNK_CHARS,
+    MAX_NAMESPACE_CHARS,
     ChunkRef,
     CompressionSpec,
     GenerateRequest,
     GenerateResult,
+    check_namespace,
     is_chunk_id,
 )
 
 MAX_INGEST_TEXTS = 1024
 MAX_IDS = 4096
-MAX_NAMESPACE_CHARS = 128
+
 TYPED_STATS = ("chunks_hit", "chunks_computed", "recomputed_tokens", "prompt_tokens", "kv_bytes_loaded")
 
 
@@ -88,9 +90,7 @@ def chunk_refs(refs: Sequence[ChunkRef]) -> pb.IngestResponse:
 
 
 def namespace(value: str) -> str:
-    if len(value) > MAX_NAMESPACE_CHARS:
-        raise InvalidArgument("namespace", f"longer than {MAX_NAMESPACE_CHARS} characters")
-    return value
+    return check_namespace(value)
 
 
 def ingest_texts(msg: pb.IngestRequest) -> list[str]:

@@ -102,6 +102,21 @@ class StoreCollector(Collector):
         yield stored
         yield blocks
         yield evictions
+        yield _rejected(stats.get("store") if isinstance(stats, dict) else None)
+
+
+REJECT_REASONS = ("corrupt", "foreign", "token_mismatch")
+
+
+def _rejected(store) -> CounterMetricFamily:
+    """Blocks the store refused to serve (deleted, then recomputed by the caller), by reason."""
+    family = CounterMetricFamily("ragkv_store_rejected_blocks",
+                                 "stored blocks refused on read (damaged, other model, other tokens), by reason",
+                                 labels=["reason"])
+    store = store if isinstance(store, dict) else {}
+    for reason in REJECT_REASONS:
+        family.add_metric([reason], float(store.get(reason, 0) or 0))
+    return family
 
 
 class Instrumented:

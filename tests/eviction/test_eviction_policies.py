@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from ragkv.errors import InvalidArgument
-from workers.attention import attend
+from workers.attention import attend, attention_weights
 from workers.cache import KVCache, LayerKV
 from workers.eviction import POLICIES, make_compressor
 from workers.eviction.scores import eviction_l1
-from workers.attention import attention_weights
 from workers.generate import DecodeHooks, SamplingParams, decode
 from workers.prompt import build_prompt
 from workers.requests import CompressionSpec

@@ -42,7 +42,8 @@ def make_compressor(spec: CompressionSpec, shape, prefix_len: int, prompt_len: i
     if spec.policy != "none" and budget < protected:
         raise InvalidArgument("compression.budget",
                               f"budget of {budget} tokens is below the {protected} protected tokens "
-                              f"(sinks={spec.sink_tokens}, system prompt prefix={prefix}, spans={len(spec.protected_spans)})")
+                              f"(sinks={spec.sink_tokens}, system prompt prefix={prefix}, "
+                              f"spans={len(spec.protected_spans)})")
     policy = None if spec.policy == "none" else build_policy(spec)
     return Compressor(policy, spec, shape.num_layers, shape.head_dim, prefix_len, prompt_len, budget,
                       inv_freq=inv_freq, scale=scale)
