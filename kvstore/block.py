@@ -6,9 +6,15 @@ Layout (integers little-endian):
     4   version        u16      FORMAT_VERSION
     6   flags          u16      bit 0: payload is lz4-compressed (lz4 block format)
     8   header_len     u32      <= MAX_HEADER_BYTES
-    12  header         header_len bytes of UTF-8 JSON (see BlockHeader)
+    12  token_count    u32      <= MAX_TOKENS
+    16  header         header_len bytes of UTF-8 JSON (see BlockHeader; token ids are not in it)
+    ..  token_ids      token_count u32s, each <= MAX_TOKEN_ID
     ..  payload        header["stored_len"] bytes
-    -16 checksum       xxh3-128 over every byte before it (prefix + header + payload)
+    -16 checksum       xxh3-128 over every byte before it (prefix + header + token ids + payload)
+
+Token ids are binary, not JSON: a hit parses them with one array copy and
+checks them with builtin min/max, where a JSON list of 256 ids cost more than
+the checksum (version 1 kept them in the JSON header; it is no longer read).
 
 A block is decoded only after its lengths add up against the real data size
 and its checksum matches; every failure is a BlockError, never KV. The checksum
@@ -26,6 +32,8 @@ from __future__ import annotations
 import json
 import math
 import struct
+import sys
+from array import array
 from dataclasses import dataclass
 
 import lz4.block
@@ -36,11 +44,13 @@ from kvstore.codecs import Codec, CodecError, make_codec
 from kvstore.kv import ChunkKV
 
 MAGIC = b"RKVB"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FLAG_LZ4 = 1
-_PREFIX = struct.Struct("<4sHHI")  # magic, version, flags, header_len
+_PREFIX = struct.Struct("<4sHHII")  # magic, version, flags, header_len, token_count
 CHECKSUM_BYTES = 16
-MAX_HEADER_BYTES = 8 << 20  # room for ~1M token ids
+MAX_HEADER_BYTES = 1 << 20  # JSON header without token ids: codec, params, shape, fingerprint
+MAX_TOKENS = 1 << 21
+TOKEN_BYTES = 4
 MAX_RAW_BYTES = 1 << 30  # decoded payload cap: a forged header can't ask for more
 LZ4_MAX_RATIO = 256  # lz4 cannot expand data by more than ~255x
 MAX_TOKEN_ID = 1 << 31
@@ -49,6 +59,8 @@ LZ4_MIN_SAVING = 1 / 32
 
 DTYPES: dict[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_U32 = next(code for code in "IL" if array(code).itemsize == TOKEN_BYTES)
+_SWAP = sys.byteorder != "little"
 
 
 class BlockError(ValueError):
@@ -93,11 +105,27 @@ class BlockHeader:
     stored_len: int  # bytes in the block (== raw_len unless lz4)
 
     def to_json(self) -> bytes:
+        """The JSON header section (everything but the token ids, which follow it in binary)."""
         return json.dumps({
             "codec": self.codec, "codec_params": self.codec_params, "shape": list(self.shape),
-            "dtype": self.dtype, "fingerprint": self.fingerprint, "token_ids": self.token_ids,
+            "dtype": self.dtype, "fingerprint": self.fingerprint,
             "raw_len": self.raw_len, "stored_len": self.stored_len,
         }, separators=(",", ":"), sort_keys=True).encode()
+
+
+def pack_token_ids(token_ids) -> bytes:
+    """Token ids as little-endian u32s; ValueError unless each is an int in [0, MAX_TOKEN_ID]."""
+    try:
+        ids = array(_U32, token_ids)
+    except (TypeError, OverflowError) as e:
+        raise ValueError(f"token ids must be ints in [0, {MAX_TOKEN_ID}]: {e}") from None
+    if len(ids) > MAX_TOKENS:
+        raise ValueError(f"{len(ids)} token ids exceed {MAX_TOKENS}")
+    if ids and max(ids) > MAX_TOKEN_ID:
+        raise ValueError(f"token ids must be ints in [0, {MAX_TOKEN_ID}]")
+    if _SWAP:
+        ids.byteswap()
+    return ids.tobytes()
 
 
 def _digest(data) -> bytes:
@@ -113,14 +141,16 @@ def encode_block(kv: ChunkKV, codec: Codec, fingerprint: str) -> bytes:
         packed = lz4.block.compress(raw, store_size=False)
         if len(packed) <= len(raw) * (1 - LZ4_MIN_SAVING):
             stored, flags = packed, FLAG_LZ4
+    token_ids = [int(t) for t in kv.token_ids]
+    tokens = pack_token_ids(token_ids)
     header = BlockHeader(
         version=FORMAT_VERSION, codec=codec.name, codec_params=codec.params(), shape=tuple(kv.keys.shape),
-        dtype=DTYPE_NAMES[kv.keys.dtype], fingerprint=fingerprint, token_ids=[int(t) for t in kv.token_ids],
+        dtype=DTYPE_NAMES[kv.keys.dtype], fingerprint=fingerprint, token_ids=token_ids,
         lz4=bool(flags & FLAG_LZ4), raw_len=len(raw), stored_len=len(stored),
     ).to_json()
     if len(header) > MAX_HEADER_BYTES:
         raise ValueError(f"block header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
-    body = b"".join((_PREFIX.pack(MAGIC, FORMAT_VERSION, flags, len(header)), header, stored))
+    body = b"".join((_PREFIX.pack(MAGIC, FORMAT_VERSION, flags, len(header), len(token_ids)), header, tokens, stored))
     return body + _digest(body)
 
 
@@ -130,25 +160,28 @@ def _int(value, name: str, lo: int, hi: int) -> int:
     return value
 
 
-def _parse_header(raw: bytes, version: int, flags: int) -> BlockHeader:
+def _parse_header(view: memoryview, version: int, flags: int, header_len: int, token_count: int) -> BlockHeader:
+    """Parse the JSON header and the token ids after it. The caller has checked both fit in `view`."""
+    start = _PREFIX.size
+    tokens_at = start + header_len
     try:
-        h = json.loads(raw)
+        h = json.loads(str(view[start:tokens_at], "utf-8"))  # one copy, straight to str
     except (UnicodeDecodeError, ValueError) as e:
         raise BlockFormatError(f"header is not JSON: {e}") from None
     if not isinstance(h, dict):
         raise BlockFormatError("header is not a JSON object")
+    ids = array(_U32)
+    ids.frombytes(view[tokens_at:tokens_at + token_count * TOKEN_BYTES])
+    if _SWAP:
+        ids.byteswap()
+    # builtins over the array, not a call per token: this runs on every cache hit
+    if token_count and max(ids) > MAX_TOKEN_ID:
+        raise BlockFormatError(f"token_ids must be ints in [0, {MAX_TOKEN_ID}]")
     try:
         shape = h["shape"]
         if not isinstance(shape, list) or len(shape) != 4:
             raise BlockFormatError(f"shape must be 4 ints, got {shape!r}")
         shape = tuple(_int(s, "shape", 0, MAX_RAW_BYTES) for s in shape)
-        token_ids = h["token_ids"]
-        if not isinstance(token_ids, list):
-            raise BlockFormatError("token_ids must be a list")
-        # builtins over the list, not a call per token: this runs on every cache hit
-        if not all(type(t) is int for t in token_ids) or (
-                token_ids and (min(token_ids) < 0 or max(token_ids) > MAX_TOKEN_ID)):
-            raise BlockFormatError(f"token_ids must be ints in [0, {MAX_TOKEN_ID}]")
         if h["dtype"] not in DTYPES:
             raise BlockFormatError(f"dtype {h['dtype']!r} not one of {sorted(DTYPES)}")
         if not isinstance(h["codec"], str) or not isinstance(h["codec_params"], dict):
@@ -157,20 +190,23 @@ def _parse_header(raw: bytes, version: int, flags: int) -> BlockHeader:
             raise BlockFormatError("fingerprint must be a string")
         return BlockHeader(
             version=version, codec=h["codec"], codec_params=h["codec_params"], shape=shape, dtype=h["dtype"],
-            fingerprint=h["fingerprint"], token_ids=token_ids, lz4=bool(flags & FLAG_LZ4),
+            fingerprint=h["fingerprint"], token_ids=ids.tolist(), lz4=bool(flags & FLAG_LZ4),
             raw_len=_int(h["raw_len"], "raw_len", 0, MAX_RAW_BYTES),
             stored_len=_int(h["stored_len"], "stored_len", 0, MAX_RAW_BYTES),
         )
     except KeyError as e:
         raise BlockFormatError(f"header lacks field {e}") from None
+    except TypeError as e:  # e.g. an unhashable dtype
+        raise BlockFormatError(f"header field of the wrong type: {e}") from None
 
 
 def read_header(data: bytes) -> tuple[BlockHeader, memoryview]:
     """Check framing, lengths and checksum; return the header and the stored payload bytes."""
     view = memoryview(data)
-    if len(view) < _PREFIX.size + CHECKSUM_BYTES:
-        raise BlockTruncatedError(f"{len(view)} bytes is shorter than an empty block")
-    magic, version, flags, header_len = _PREFIX.unpack_from(view)
+    size = len(view)
+    if size < _PREFIX.size + CHECKSUM_BYTES:
+        raise BlockTruncatedError(f"{size} bytes is shorter than an empty block")
+    magic, version, flags, header_len, token_count = _PREFIX.unpack_from(view)
     if magic != MAGIC:
         raise BlockFormatError(f"bad magic {bytes(magic)!r}")
     if version != FORMAT_VERSION:
@@ -179,23 +215,26 @@ def read_header(data: bytes) -> tuple[BlockHeader, memoryview]:
         raise BlockFormatError(f"unknown flags {flags:#x}")
     if header_len > MAX_HEADER_BYTES:
         raise BlockFormatError(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
-    body_end = len(view) - CHECKSUM_BYTES
-    if _PREFIX.size + header_len > body_end:
-        raise BlockTruncatedError(f"header of {header_len} bytes does not fit in {len(view)} bytes")
+    if token_count > MAX_TOKENS:
+        raise BlockFormatError(f"token count {token_count} exceeds {MAX_TOKENS}")
+    body_end = size - CHECKSUM_BYTES
+    payload_at = _PREFIX.size + header_len + token_count * TOKEN_BYTES
+    if payload_at > body_end:
+        raise BlockTruncatedError(f"header of {header_len} bytes and {token_count} token ids "
+                                  f"do not fit in {size} bytes")
     if _digest(view[:body_end]) != view[body_end:]:
         # Say "truncated" when the damage is a short read, so operators see the cause.
         try:
-            declared = _parse_header(bytes(view[_PREFIX.size:_PREFIX.size + header_len]), version, flags).stored_len
+            declared = _parse_header(view, version, flags, header_len, token_count).stored_len
         except BlockError:
             declared = None
-        if declared is not None and _PREFIX.size + header_len + declared > body_end:
-            raise BlockTruncatedError(f"block is {len(view)} bytes, header declares a longer payload")
+        if declared is not None and payload_at + declared > body_end:
+            raise BlockTruncatedError(f"block is {size} bytes, header declares a longer payload")
         raise BlockChecksumError("checksum mismatch")
-    header = _parse_header(bytes(view[_PREFIX.size:_PREFIX.size + header_len]), version, flags)
-    payload = view[_PREFIX.size + header_len:body_end]
-    if len(payload) != header.stored_len:
-        raise BlockShapeError(f"payload is {len(payload)} bytes, header says {header.stored_len}")
-    return header, payload
+    header = _parse_header(view, version, flags, header_len, token_count)
+    if body_end - payload_at != header.stored_len:
+        raise BlockShapeError(f"payload is {body_end - payload_at} bytes, header says {header.stored_len}")
+    return header, view[payload_at:body_end]
 
 
 def decode_block(data: bytes, expected_fingerprint: str | None = None) -> tuple[ChunkKV, BlockHeader]:

@@ -208,7 +208,10 @@ class Engine:
             return None
         from workers.eviction import make_compressor
 
-        return make_compressor(spec, self.runner.shape, prefix_len=layout.prefix_len, prompt_len=layout.num_tokens)
+        runner = self.runner
+        return make_compressor(spec, runner.shape, prefix_len=layout.prefix_len, prompt_len=layout.num_tokens,
+                               inv_freq=runner.inv_freq if runner.can_rerotate else None,
+                               scale=runner.layers[0].self_attn.scaling)
 
     def _prefill(self, request: GenerateRequest, layout: PromptLayout, observer, should_stop):
         """-> (logits of the last prompt token, stats, filled cache)."""

@@ -6,7 +6,7 @@ codec (kivi2). Then, in one run and on the same bytes:
     put_mb_s      BlockStore.put_raw: key checks, LRU/budget bookkeeping, atomic
                   write (disk: temp file + fsync + rename; redis: MULTI with index)
     get_mb_s      (GET_ROUNDS reads per write) BlockStore.get_raw + read_header: fetch, LRU bump, and the block's
-                  framing and sha256 checksum verified (everything a hit costs
+                  framing and xxh3-128 checksum verified (everything a hit costs
                   before the codec, whose speed bench codecs reports)
     raw_put_mb_s  open/write/close of a plain file (no fsync) | redis-py SET
     raw_get_mb_s  open/read of that file | redis-py GET

@@ -20,16 +20,33 @@ from kvstore.codecs import CODECS, make_codec
 FP = "f" * 64
 
 
+PREFIX = struct.Struct("<4sHHII")  # magic, version, flags, header_len, token_count
+
+
 def reframe(header: dict, payload: bytes, flags: int = 0, version: int = block.FORMAT_VERSION) -> bytes:
-    """Build a block with a *valid* checksum around a forged header (what an attacker can do)."""
-    raw = json.dumps(header).encode()
-    body = struct.pack("<4sHHI", block.MAGIC, version, flags, len(raw)) + raw + payload
+    """Build a block with a *valid* checksum around a forged header (what an attacker can do).
+    `header["token_ids"]` go in the binary u32 section after the JSON, the rest in the JSON."""
+    fields = dict(header)
+    tokens = fields.pop("token_ids", [])
+    raw = json.dumps(fields).encode()
+    body = PREFIX.pack(block.MAGIC, version, flags, len(raw), len(tokens)) + raw
+    body += struct.pack(f"<{len(tokens)}I", *tokens) + payload
     return body + block._digest(body)
 
 
-def header_of(data: bytes) -> dict:
-    (n,) = struct.unpack_from("<I", data, 8)
-    return json.loads(data[12:12 + n])
+def split(data: bytes) -> tuple[dict, bytes]:
+    """The header as a dict (token ids included) and the stored payload."""
+    _, _, _, n, count = PREFIX.unpack_from(data)
+    h = json.loads(data[PREFIX.size:PREFIX.size + n])
+    h["token_ids"] = list(struct.unpack_from(f"<{count}I", data, PREFIX.size + n))
+    return h, data[PREFIX.size + n + 4 * count:-block.CHECKSUM_BYTES]
+
+
+def test_reframe_matches_the_encoder():
+    data = encode_block(tiny_kv(tokens=6), make_codec("int8"), FP)
+    h, payload = split(data)
+    assert h["token_ids"] == tiny_kv(tokens=6).token_ids
+    assert decode_block(reframe(h, payload))[0].token_ids == h["token_ids"]
 
 
 @pytest.mark.parametrize("name", sorted(CODECS))
@@ -74,8 +91,7 @@ def test_wrong_magic_version_and_fingerprint():
 def test_forged_headers_with_valid_checksum_are_refused_before_allocating():
     kv = tiny_kv(tokens=4)
     data = encode_block(kv, make_codec("fp16"), FP)
-    h = header_of(data)
-    payload = data[12 + len(json.dumps(h, separators=(",", ":"), sort_keys=True)):-32]
+    h, payload = split(data)
     huge = dict(h, shape=[1 << 20, 1 << 10, 4, 1 << 10])
     with pytest.raises(BlockShapeError):
         decode_block(reframe(huge, payload))
@@ -90,9 +106,30 @@ def test_forged_headers_with_valid_checksum_are_refused_before_allocating():
     big = dict(h, shape=[1, 1, 4, (1 << 30) // 16], raw_len=1 << 30, stored_len=len(bomb), token_ids=[1, 2, 3, 4])
     with pytest.raises(BlockError):
         decode_block(reframe(big, bomb, flags=block.FLAG_LZ4))
-    # header length field larger than the data
+    # token id above MAX_TOKEN_ID (the u32 section can hold more)
+    with pytest.raises(BlockFormatError):
+        decode_block(reframe(dict(h, token_ids=[1, 2, 3, block.MAX_TOKEN_ID + 1]), payload))
+    decode_block(reframe(dict(h, token_ids=[1, 2, 3, block.MAX_TOKEN_ID]), payload))  # the bound itself is fine
+    # header length / token count fields larger than the data
     with pytest.raises(BlockError):
-        decode_block(struct.pack("<4sHHI", block.MAGIC, block.FORMAT_VERSION, 0, 1 << 31) + b"\0" * 64)
+        decode_block(PREFIX.pack(block.MAGIC, block.FORMAT_VERSION, 0, 1 << 31, 0) + b"\0" * 64)
+    for count in (17, 1 << 20, 1 << 31):
+        with pytest.raises(BlockError):
+            decode_block(PREFIX.pack(block.MAGIC, block.FORMAT_VERSION, 0, 2, count) + b"{}" + b"\0" * 64)
+
+
+def test_encoder_refuses_token_ids_out_of_range():
+    kv = tiny_kv(tokens=2)
+    for bad in ([-1, 2], [1, block.MAX_TOKEN_ID + 1]):
+        kv.token_ids = bad
+        with pytest.raises(ValueError):
+            encode_block(kv, make_codec("int8"), FP)
+
+
+def test_version_1_blocks_are_refused():
+    data = encode_block(tiny_kv(), make_codec("kivi2"), FP)
+    with pytest.raises(BlockVersionError):
+        decode_block(reframe(*split(data), version=1))
 
 
 def test_lz4_only_when_it_shrinks():

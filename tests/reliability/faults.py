@@ -55,15 +55,26 @@ class PersistentRedis:
 
 # -- block mutations: each returns damaged bytes for a valid block -------------------------------
 
+# Block layout (kvstore/block.py, version 2): prefix, JSON header, u32 token ids, payload, checksum.
+_PREFIX = struct.Struct("<4sHHII")  # magic, version, flags, header_len, token_count
+
+
 def _split(data: bytes) -> tuple[int, dict, bytes]:
-    magic, version, flags, n = struct.unpack_from("<4sHHI", data)
-    return flags, json.loads(data[12:12 + n]), data[12 + n:-block.CHECKSUM_BYTES]
+    """flags, the header as a dict (token ids included, as in `reframe`), and the stored payload."""
+    magic, version, flags, n, count = _PREFIX.unpack_from(data)
+    header = json.loads(data[_PREFIX.size:_PREFIX.size + n])
+    header["token_ids"] = list(struct.unpack_from(f"<{count}I", data, _PREFIX.size + n))
+    return flags, header, data[_PREFIX.size + n + 4 * count:-block.CHECKSUM_BYTES]
 
 
 def reframe(header: dict, payload: bytes, flags: int = 0) -> bytes:
-    """A block with a *valid* checksum around `header` (what a foreign writer or an attacker produces)."""
-    raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
-    body = struct.pack("<4sHHI", block.MAGIC, block.FORMAT_VERSION, flags, len(raw)) + raw + payload
+    """A block with a *valid* checksum around `header` (what a foreign writer or an attacker produces).
+    `header["token_ids"]` (u32 values) go in the binary token section, the rest in the JSON header."""
+    fields = dict(header)
+    tokens = fields.pop("token_ids", [])
+    raw = json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+    ids = struct.pack(f"<{len(tokens)}I", *tokens)
+    body = _PREFIX.pack(block.MAGIC, block.FORMAT_VERSION, flags, len(raw), len(tokens)) + raw + ids + payload
     return body + block._digest(body)
 
 

@@ -15,15 +15,28 @@ CHUNKS = [
 QUESTION = "Who founded Lindorf?"
 
 
-@pytest.fixture(params=["disk", "redis"])
+def _engine(request, runner, tmp_path, backend: str):
+    store = f"disk:{tmp_path / 'blocks'}" if backend == "disk" else request.getfixturevalue("redis_url")
+    return Engine(EngineConfig(store=store, codec="kivi2"), runner=runner)
+
+
+@pytest.fixture
 def engine(request, runner, tmp_path):
-    store = f"disk:{tmp_path / 'blocks'}" if request.param == "disk" else request.getfixturevalue("redis_url")
-    eng = Engine(EngineConfig(store=store, codec="kivi2"), runner=runner)
+    eng = _engine(request, runner, tmp_path, "disk")
     yield eng
     eng.close()
 
 
-def test_second_request_hits_cached_chunks(engine):
+@pytest.fixture(params=["disk", "redis"])
+def any_engine(request, runner, tmp_path):
+    """The same behaviour over both backends."""
+    eng = _engine(request, runner, tmp_path, request.param)
+    yield eng
+    eng.close()
+
+
+def test_second_request_hits_cached_chunks(any_engine):
+    engine = any_engine
     first = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=4))
     assert first.stats["chunks_computed"] == 3 and first.stats["chunks_hit"] == 0
     second = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=4))
@@ -47,7 +60,8 @@ def test_all_modes_share_prompt_ids_and_full_equals_transformers(engine, runner)
     assert 0 < results["blend"].stats["recomputed_tokens"] < results["full"].stats["recomputed_tokens"]
 
 
-def test_ingest_ids_are_content_addresses_and_usable_by_id(engine):
+def test_ingest_ids_are_content_addresses_and_usable_by_id(any_engine):
+    engine = any_engine
     refs = engine.ingest(CHUNKS[:2])
     assert [r.cached for r in refs] == [False, False]
     again = engine.ingest(CHUNKS[:2])
@@ -79,3 +93,19 @@ def test_streaming_pieces_join_to_the_text(engine):
     items = list(engine.generate_stream(request))
     pieces, result = items[:-1], items[-1]
     assert all(isinstance(p, str) for p in pieces) and "".join(pieces) == result.text
+
+
+def test_compression_through_the_engine(runner, tmp_path):
+    from workers.requests import CompressionSpec
+
+    eng = Engine(EngineConfig(store=f"disk:{tmp_path / 'b'}"), runner=runner)
+    plain = eng.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=4))
+    spec = CompressionSpec(policy="snapkv", budget=0.5)
+    squeezed = eng.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=4,
+                                            compression=spec))
+    stats = squeezed.stats["compression"]
+    assert stats["kv_bytes_after"] < stats["kv_bytes_before"]
+    assert squeezed.stats["kv_bytes_final"] < plain.stats["kv_bytes_final"]
+    with pytest.raises(InvalidArgument, match="compression.budget"):
+        eng.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, compression=CompressionSpec("h2o", budget=8)))
+    eng.close()
