@@ -26,7 +26,6 @@ import torch
 
 from kvstore.kernels.dispatch import rerotate_keys
 from kvstore.kv import ChunkKV
-from workers.attention import attend
 from workers.cache import KVCache, LayerKV
 from workers.prompt import PromptLayout
 

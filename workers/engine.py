@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from kvstore.backends.base import Backend, BackendUnavailable, StoreFullError
+from kvstore.backends.base import Backend, StoreFullError
 from kvstore.backends.memory import MemoryTier
 from kvstore.backends.registry import open_backend
 from kvstore.kv import ChunkKV

@@ -17,7 +17,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 from dataclasses import replace
 from typing import Callable, Iterator, Sequence
 

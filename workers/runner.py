@@ -9,7 +9,7 @@ Batch size is 1: hidden states are [S, hidden].
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 

@@ -42,6 +42,27 @@ class Codec:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class PerTensorCodec(Codec):
+    """A codec that treats keys and values alike: the payload is encode_tensor(keys) + encode_tensor(values)."""
+
+    def encode_tensor(self, x: torch.Tensor) -> bytes:
+        raise NotImplementedError
+
+    def decode_tensor(self, reader: "PayloadReader", shape: Shape) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode(self, keys: torch.Tensor, values: torch.Tensor) -> bytes:
+        self.payload_size(tuple(keys.shape))  # validates the shape before any work
+        return self.encode_tensor(keys) + self.encode_tensor(values)
+
+    def decode(self, payload: bytes, shape: Shape, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        reader = PayloadReader(payload, self.payload_size(shape))
+        keys = self.decode_tensor(reader, shape)
+        values = self.decode_tensor(reader, shape)
+        return keys.to(dtype), values.to(dtype)
+
+
 CODECS: dict[str, type[Codec]] = {}
 
 

@@ -7,22 +7,19 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.codecs.base import Codec, PayloadReader, Shape, check_shape, register_codec, to_bytes
+from kvstore.codecs.base import PayloadReader, PerTensorCodec, Shape, check_shape, register_codec, to_bytes
 
 
 @register_codec
 @dataclass(frozen=True)
-class FP16(Codec):
+class FP16(PerTensorCodec):
     name = "fp16"
 
     def payload_size(self, shape: Shape) -> int:
         return 2 * 2 * math.prod(check_shape(shape))
 
-    def encode(self, keys: torch.Tensor, values: torch.Tensor) -> bytes:
-        return to_bytes(keys.half(), values.half())
+    def encode_tensor(self, x: torch.Tensor) -> bytes:
+        return to_bytes(x.half())
 
-    def decode(self, payload: bytes, shape: Shape, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        r = PayloadReader(payload, self.payload_size(shape))
-        k = r.take(torch.float16, shape)
-        v = r.take(torch.float16, shape)
-        return k.to(dtype), v.to(dtype)
+    def decode_tensor(self, reader: PayloadReader, shape: Shape) -> torch.Tensor:
+        return reader.take(torch.float16, shape)

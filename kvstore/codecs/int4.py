@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import torch
 
 from kvstore.codecs import quant
-from kvstore.codecs.base import Codec, CodecError, PayloadReader, Shape, check_shape, register_codec, to_bytes
+from kvstore.codecs.base import CodecError, PayloadReader, PerTensorCodec, Shape, check_shape, register_codec, to_bytes
 
 
 @register_codec
 @dataclass(frozen=True)
-class Int4(Codec):
+class Int4(PerTensorCodec):
     name = "int4"
     group_size: int = 32
 
@@ -34,24 +34,14 @@ class Int4(Codec):
         vecs = layers * heads * tokens
         return 2 * vecs * (dim // 2 + 4 * quant.num_groups(dim, self.group_size))
 
-    def _encode_one(self, x: torch.Tensor) -> bytes:
+    def encode_tensor(self, x: torch.Tensor) -> bytes:
         q, scale, zero = quant.quantize_per_token(x, 4, self.group_size)  # q: [L,H,T,D]
         return to_bytes(quant.pack_4bit(q), scale, zero)
 
-    def _decode_one(self, r: PayloadReader, shape: Shape) -> torch.Tensor:
+    def decode_tensor(self, r: PayloadReader, shape: Shape) -> torch.Tensor:
         layers, heads, tokens, dim = shape
         packed = r.take(torch.uint8, (layers, heads, tokens, dim // 2))
         gshape = (layers, heads, tokens, quant.num_groups(dim, self.group_size))
         scale = r.take(torch.float16, gshape)
         zero = r.take(torch.float16, gshape)
         return quant.dequantize_asym(quant.unpack_4bit(packed), scale, zero, self.group_size)
-
-    def encode(self, keys: torch.Tensor, values: torch.Tensor) -> bytes:
-        self.payload_size(tuple(keys.shape))  # validates head_dim
-        return self._encode_one(keys) + self._encode_one(values)
-
-    def decode(self, payload: bytes, shape: Shape, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        r = PayloadReader(payload, self.payload_size(shape))
-        k = self._decode_one(r, shape)
-        v = self._decode_one(r, shape)
-        return k.to(dtype), v.to(dtype)

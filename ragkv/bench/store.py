@@ -16,7 +16,6 @@ for the run on a free loopback port.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path

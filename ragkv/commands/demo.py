@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from kvstore.backends.redis_backend import redact_url
 

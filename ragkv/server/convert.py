@@ -11,7 +11,6 @@ from ragkv.errors import InvalidArgument
 from ragkv.v1 import ragkv_pb2 as pb
 from workers.requests import (
     MAX_CHUNK_CHARS,
-    MAX_NAMESPACE_CHARS,
     ChunkRef,
     CompressionSpec,
     GenerateRequest,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvstore_helpers import tiny_kv
 from kvstore import block
-from kvstore.block import (BlockChecksumError, BlockError, BlockFingerprintError, BlockFormatError,
+from kvstore.block import (BlockError, BlockFingerprintError, BlockFormatError,
                            BlockShapeError, BlockTruncatedError, BlockVersionError, decode_block, encode_block)
 from kvstore.codecs import CODECS, make_codec
 

@@ -4,53 +4,11 @@ block mutations, and consistency checks over what a store holds after a crash.""
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import struct
-import subprocess
-import time
 from pathlib import Path
 
 from kvstore import block
 from kvstore.block import decode_block
-
-
-class PersistentRedis:
-    """redis-server with an fsync-always append-only file in `workdir`, so data outlives a SIGKILL;
-    `password` sets requirepass. `kill()` is SIGKILL; `start()` again comes back on the same port."""
-
-    def __init__(self, workdir: Path, port: int, password: str | None = None, persist: bool = True):
-        self.workdir, self.port, self.password, self.persist = Path(workdir), port, password, persist
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
-
-    def start(self, timeout: float = 10.0) -> "PersistentRedis":
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = [shutil.which("redis-server") or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--dir", str(self.workdir)]
-        argv += ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else ["--appendonly", "no"]
-        if self.password:
-            argv += ["--requirepass", self.password]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.kill()
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
 
 
 # -- block mutations: each returns damaged bytes for a valid block -------------------------------

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from client import RagKVClient, RagKVError
-from faults import PersistentRedis
+from kvstore.testing import RedisServer
 from kvstore.testing import free_port
 from ragkv.server import interceptors
 from ragkv.v1 import ragkv_pb2 as pb
@@ -30,7 +30,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["RagKV"]
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("guarded")
-    redis_server = PersistentRedis(workdir / "redis", free_port(), password=PASSWORD, persist=False).start()
+    redis_server = RedisServer(workdir / "redis", free_port(), password=PASSWORD, persist=False).start()
     try:
         with serving(workdir, "--token", TOKEN, "--store", redis_server.url, "--log-level", "DEBUG") as server:
             yield server

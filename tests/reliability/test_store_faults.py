@@ -12,9 +12,10 @@ import time
 import pytest
 import redis
 
-from faults import MUTATIONS, PersistentRedis, check_disk_store
+from faults import MUTATIONS, check_disk_store
+
 from kvstore.block import decode_block
-from kvstore.testing import free_port
+from kvstore.testing import RedisServer, free_port
 from ragkv.server.metrics import StoreCollector
 from workers.engine import Engine, EngineConfig
 from workers.requests import GenerateRequest
@@ -43,7 +44,7 @@ def rejected(engine) -> dict:
 # -- Redis killed --------------------------------------------------------------------------------
 
 def test_redis_killed_while_generating_recomputes_same_tokens_and_reconnects(runner, tmp_path):
-    server = PersistentRedis(tmp_path / "redis", free_port(), persist=False).start()
+    server = RedisServer(tmp_path / "redis", free_port(), persist=False).start()
     try:
         engine = engine_on(server.url, runner)
         clean = engine.generate(request())  # fault-free, cold: every chunk computed and stored
@@ -68,7 +69,7 @@ def test_redis_killed_while_generating_recomputes_same_tokens_and_reconnects(run
 
 def test_redis_killed_mid_ingest_leaves_only_whole_blocks(runner, tmp_path):
     """AOF with fsync always: what Redis acknowledged survives the SIGKILL; nothing half-written decodes."""
-    server = PersistentRedis(tmp_path / "redis", free_port()).start()
+    server = RedisServer(tmp_path / "redis", free_port(), persist=True).start()
     try:
         engine = engine_on(server.url, runner)
         watcher = redis.Redis.from_url(server.url)
@@ -113,7 +114,7 @@ def store_url(request, tmp_path):
     if request.param == "disk":
         yield f"disk:{tmp_path / 'blocks'}"
     else:
-        server = PersistentRedis(tmp_path / "redis", free_port(), persist=False).start()
+        server = RedisServer(tmp_path / "redis", free_port(), persist=False).start()
         yield server.url
         server.kill()
 
