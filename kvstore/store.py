@@ -62,6 +62,17 @@ class BlockStore:
     def encode(self, kv: ChunkKV) -> bytes:
         return encode_block(kv, self.codec, self.fingerprint)
 
+    def as_stored(self, kv: ChunkKV) -> tuple[bytes, ChunkKV]:
+        """The block bytes for `kv` and the KV exactly as a later hit on them will decode.
+
+        Serving a freshly computed chunk from its decoded block (not from the raw tensors)
+        makes an answer independent of whether the chunk was cached, so a miss, a hit and a
+        recompute after a store fault all give the same tokens.
+        """
+        data = self.encode(kv)
+        decoded, _ = decode_block(data, expected_fingerprint=self.fingerprint)
+        return data, decoded
+
     def put(self, kv: ChunkKV, address: str) -> bool:
         """Store one chunk's KV; False if the backend is down. StoreFullError propagates."""
         return self.put_raw(address, self.encode(kv))

@@ -95,9 +95,9 @@ class Engine:
             kv = store.get(address, token_ids)
             if kv is not None:
                 return kv, False
-        kv = self.runner.chunk_kv(token_ids)
+        data, kv = store.as_stored(self.runner.chunk_kv(token_ids))
         try:
-            if store.put(kv, address) and pin:
+            if store.put_raw(address, data) and pin:
                 store.pin(address)
         except StoreFullError as exc:  # pinned blocks fill the budget: answer anyway, uncached
             log.warning("chunk %s not stored: %s", address[:16], exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import redis
@@ -164,3 +165,35 @@ def test_make_engine_picks_by_config(pool, runner, monkeypatch):
     config = EngineConfig(store=pool.config.store, workers="auto")
     _share_pool(monkeypatch, pool, config)
     assert isinstance(make_engine(config), RayEngine)  # a cluster is up (this module's), so auto -> Ray
+
+
+def test_worker_killed_mid_generate_is_retried(pool, redis_url):
+    """A generate whose actor dies mid-request is retried (by Ray on the restarted actor, or by the pool on
+    the other one) and answers the same tokens."""
+    import ray
+
+    from workers.ray_pool import RayEngine
+
+    engine = RayEngine(EngineConfig(store=pool.config.store, workers="ray"), pool)
+    request = GenerateRequest(question="Tell me about the passkey and the river.", chunks=tuple(DOCS[:3]),
+                              max_new_tokens=40)
+    reference = engine.generate(request)
+    killed: list[int] = []
+
+    def kill_the_busy_actor():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            busy = [i for i, n in enumerate(pool._outstanding) if n > 0]
+            if busy:
+                time.sleep(0.2)  # let it get into the forward passes
+                killed.append(busy[0])
+                ray.kill(pool.actors[busy[0]], no_restart=False)
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_the_busy_actor, daemon=True)
+    killer.start()
+    result = engine.generate(request)
+    killer.join(60)
+    assert killed, "no request was in flight to kill"
+    assert result.token_ids == reference.token_ids
+    assert pool.call_on(killed[0], "ping", timeout=180)["pid"]  # Ray restarted it

@@ -37,12 +37,13 @@ def any_engine(request, runner, tmp_path):
 
 def test_second_request_hits_cached_chunks(any_engine):
     engine = any_engine
-    first = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=4))
+    first = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=12))
     assert first.stats["chunks_computed"] == 3 and first.stats["chunks_hit"] == 0
-    second = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=4))
+    second = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode="blend", max_new_tokens=12))
     assert second.stats["chunks_hit"] == 3 and second.stats["chunks_computed"] == 0
     assert second.stats["kv_bytes_loaded"] > 0 and second.stats["prefix_hit"]
     assert second.prompt_token_ids == first.prompt_token_ids
+    assert second.token_ids == first.token_ids  # a miss serves the block as a hit will decode it
 
 
 def test_all_modes_share_prompt_ids_and_full_equals_transformers(engine, runner):
