@@ -110,7 +110,9 @@ class Engine:
         refs = []
         for token_ids in token_lists:
             address = self.store.address_for(token_ids, namespace)
-            cached = self.store.contains(address)
+            # a verified header, not mere existence: a damaged or old-format block is dropped and recomputed
+            header = self.store.get_header(address)
+            cached = header is not None and list(header.token_ids) == token_ids
             if cached:
                 if pin:
                     self.store.pin(address)

@@ -110,3 +110,13 @@ def test_compression_through_the_engine(runner, tmp_path):
     with pytest.raises(InvalidArgument, match="compression.budget"):
         eng.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, compression=CompressionSpec("h2o", budget=8)))
     eng.close()
+
+
+def test_ingest_recomputes_a_damaged_block_instead_of_calling_it_cached(engine):
+    [ref] = engine.ingest(CHUNKS[:1])
+    raw = bytearray(engine.store.get_raw(ref.id))
+    raw[len(raw) // 2] ^= 0xFF
+    engine.store.put_raw(ref.id, bytes(raw))
+    [again] = engine.ingest(CHUNKS[:1])
+    assert again.id == ref.id and not again.cached
+    assert engine.store.get(ref.id) is not None  # stored whole again
