@@ -31,12 +31,14 @@ def _stored_bytes_table(engine, refs, console) -> None:
     from kvstore.block import encode_block
     from kvstore.codecs import CODECS, make_codec
 
-    kvs = [kv for kv in (engine.store.get(ref.id) for ref in refs) if kv is not None]
+    # encode freshly computed KV: re-encoding KV decoded from the serving codec would flatter the others
+    headers = [h for h in (engine.store.get_header(ref.id) for ref in refs) if h is not None]
+    kvs = [engine.runner.chunk_kv(list(h.token_ids)) for h in headers]
     tokens = sum(ref.num_tokens for ref in refs)
     table = Table(title=f"stored: {len(refs)} chunks, {tokens} tokens")
     for column in ("codec", "bytes", "bytes/token", "ratio vs fp16"):
         table.add_column(column, justify="right")
-    sizes = {name: sum(len(encode_block(kv, make_codec(name), engine.runner.fingerprint)) for kv in kvs if kv is not None)
+    sizes = {name: sum(len(encode_block(kv, make_codec(name), engine.runner.fingerprint)) for kv in kvs)
              for name in CODECS}
     for name, size in sizes.items():
         marker = " (serving)" if name == engine.config.codec else ""
