@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvstore.kv import ChunkKV
+
 
 @dataclass
 class LayerKV:
@@ -68,6 +70,12 @@ class KVCache:
 
     def next_position(self) -> int:
         return max(int(layer.positions.max()) + 1 for layer in self.layers if layer is not None and layer.num_tokens)
+
+    def to_chunk(self, token_ids: list[int]) -> ChunkKV:
+        """The cache as one ChunkKV ([layers, kv_heads, T, D]); every layer must hold the same T tokens."""
+        keys = torch.stack([layer.keys for layer in self.layers])
+        values = torch.stack([layer.values for layer in self.layers])
+        return ChunkKV(keys=keys, values=values, token_ids=list(token_ids))
 
     @classmethod
     def from_chunk(cls, kv, device=None, dtype=None) -> "KVCache":

@@ -286,12 +286,7 @@ def _chunk_pool(config: EngineConfig):
         return None
     from workers import ray_pool
 
-    if config.workers == "auto":
-        try:
-            ray_pool.ensure_ray("auto")
-        except (ConnectionError, RuntimeError):
-            return None
-    return ray_pool.pool_for(config)
+    return None if ray_pool.resolve_workers(config.workers) == "inproc" else ray_pool.pool_for(config)
 
 
 def _nbytes(kv: ChunkKV) -> int:

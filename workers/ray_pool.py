@@ -346,15 +346,20 @@ class RayEngine:
         pass  # the pool is per process and outlives one engine; Ray tears actors down with the driver
 
 
-def make_engine(config: EngineConfig, runner=None):
-    """Engine for `workers="inproc"`, RayEngine for `ray`, `ray://ADDRESS`, and `auto` when a cluster is up."""
-    workers = config.workers or "inproc"
+def resolve_workers(workers: str) -> str:
+    """`auto` joins a running cluster, or becomes `inproc` when none is up; other values pass through."""
+    workers = workers or "inproc"
     if workers == "auto":
         try:
             ensure_ray("auto")
         except (ConnectionError, RuntimeError) as e:
             log.info("workers=auto: no Ray cluster (%s); running in process", e)
-            return Engine(replace(config, workers="inproc"), runner)
-    if workers == "inproc":
-        return Engine(config, runner)
+            return "inproc"
+    return workers
+
+
+def make_engine(config: EngineConfig, runner=None):
+    """Engine for `workers="inproc"`, RayEngine for `ray`, `ray://ADDRESS`, and `auto` when a cluster is up."""
+    if resolve_workers(config.workers) == "inproc":
+        return Engine(replace(config, workers="inproc"), runner)
     return RayEngine(config)

@@ -156,7 +156,5 @@ class ModelRunner:
         hidden = self.embed(ids)
         for layer in range(self.shape.num_layers):
             hidden = self.layer_forward(layer, hidden, positions, cache)
-        keys = torch.stack([cache.layers[i].keys for i in range(self.shape.num_layers)])
-        values = torch.stack([cache.layers[i].values for i in range(self.shape.num_layers)])
-        return ChunkKV(keys=keys, values=values, token_ids=list(token_ids))
+        return cache.to_chunk(token_ids)
 

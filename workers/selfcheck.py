@@ -50,7 +50,7 @@ def check_rerotation(runner, delta: int = 137, tolerance: float = 1e-4) -> Check
     ids = torch.tensor(token_ids, device=runner.device)
     cache = KVCache.empty(runner.shape.num_layers)
     runner.forward(ids, torch.arange(delta, delta + len(token_ids), device=runner.device), cache)
-    target = torch.stack([layer.keys for layer in cache.layers])
+    target = cache.to_chunk(token_ids).keys
     moved = rerotate_keys(stored, delta, runner.inv_freq)
     return CheckResult("rerotation", _relative(moved, target), tolerance, f"delta={delta}, {len(token_ids)} tokens")
 

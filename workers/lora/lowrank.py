@@ -64,9 +64,7 @@ def adapter_chunk(runner: ModelRunner, adapter: LoraAdapter, token_ids: list[int
         p_k.append(x @ adapter.a(layer, "k_proj").to(x.device).T if "k_proj" in adapter.targets else x[:, :0])
         p_v.append(x @ adapter.a(layer, "v_proj").to(x.device).T if "v_proj" in adapter.targets else x[:, :0])
         hidden = runner.layer_forward(layer, hidden, positions, cache)
-    full = ChunkKV(keys=torch.stack([cache.layers[i].keys for i in range(runner.shape.num_layers)]),
-                   values=torch.stack([cache.layers[i].values for i in range(runner.shape.num_layers)]),
-                   token_ids=list(token_ids))
+    full = cache.to_chunk(token_ids)
     parts = ChunkKV(keys=torch.stack(p_k)[:, None], values=torch.stack(p_v)[:, None], token_ids=list(token_ids))
     return full, parts
 
