@@ -10,10 +10,16 @@ import re
 import statistics
 import tempfile
 
+import torch
 from tqdm import tqdm
 
+from kvstore.codecs import codec_from_spec
 from ragkv.bench.rag_dataset import make_queries
+from workers.cache import KVCache
+from workers.generate import SamplingParams, decode
+from workers.prompt import build_prompt
 from workers.requests import MODES, GenerateRequest
+from workers.rope import rerotate_keys
 
 
 CODE_RE = re.compile(r"\b\d{5}\b")
@@ -28,6 +34,42 @@ def extract_answer(text: str) -> str:
     return " ".join(lines[0].lower().split()).rstrip(".") if lines else ""
 
 
+def stored_through(codec, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a store round trip gives back: [L, H, T, D] keys/values encoded and decoded by `codec`."""
+    return codec.decode(codec.encode(keys, values), tuple(keys.shape), keys.dtype)
+
+
+@torch.inference_mode()
+def codec_only_prefill(runner, layout, codec) -> tuple[torch.Tensor, KVCache]:
+    """What codec error alone costs: the exact full-prefill KV (every chunk sees its real context), each
+    chunk's span round-tripped through the codec as the store would keep it (keys moved back to positions
+    0.., quantized, moved to their place again), then the tokens after the last chunk recomputed over it.
+    `reuse` on a perfect cache, in effect: no context is missing, every chunk token is decoded from the
+    codec. (`blend` can beat it: its recomputed tokens carry exact KV.)
+    -> (logits of the last prompt token [1, vocab], cache)."""
+    ids = torch.tensor(layout.token_ids, device=runner.device)
+    tail = layout.chunk_spans[-1][1] if layout.chunk_spans else layout.prefix_len
+    cache = KVCache.empty(runner.shape.num_layers)
+    runner.forward(ids[:tail], torch.arange(tail, device=runner.device), cache)
+    for start, end in layout.chunk_spans:
+        keys = torch.stack([layer.keys[:, start:end] for layer in cache.layers])  # [L, H, T, D]
+        values = torch.stack([layer.values[:, start:end] for layer in cache.layers])
+        stored_keys = rerotate_keys(keys, -start, runner.inv_freq)
+        decoded_keys, decoded_values = stored_through(codec, stored_keys, values)
+        decoded_keys = rerotate_keys(decoded_keys, start, runner.inv_freq)
+        for i, layer in enumerate(cache.layers):
+            layer.keys[:, start:end] = decoded_keys[i]
+            layer.values[:, start:end] = decoded_values[i]
+    positions = torch.arange(tail, layout.num_tokens, device=runner.device)
+    return runner.forward(ids[tail:], positions, cache), cache
+
+
+def codec_only_text(runner, layout, codec, max_new_tokens: int) -> str:
+    logits, cache = codec_only_prefill(runner, layout, codec)
+    return runner.detokenize(list(decode(runner, cache, logits, layout.num_tokens,
+                                         SamplingParams(max_new_tokens=max_new_tokens))))
+
+
 def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_new_tokens: int, seed: int,
             progress: bool = True) -> dict:
     count = lambda text: len(engine.runner.tokenize(text))  # noqa: E731
@@ -36,7 +78,9 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
     correct = {mode: 0 for mode in MODES}
     agree = {mode: 0 for mode in MODES}
     prompt_tokens = []
-    bar = tqdm(total=len(queries) * (1 + len(MODES)), desc=f"blend bench N={num_chunks}", disable=not progress)
+    codec = codec_from_spec(engine.config.codec)
+    codec_only = {"correct": 0, "agree": 0}
+    bar = tqdm(total=len(queries) * (2 + len(MODES)), desc=f"blend bench N={num_chunks}", disable=not progress)
     for query in queries:
         engine.ingest(query.chunks)
         bar.update()
@@ -51,6 +95,13 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
         prompt_tokens.append(len(result.prompt_token_ids))
         for mode in MODES:
             agree[mode] += answers[mode] == answers["full"]
+        layout = build_prompt(engine.runner.tokenizer, "", [engine.runner.tokenize(c) for c in query.chunks],
+                              query.question)
+        assert layout.token_ids == result.prompt_token_ids, "codec_only must run on the modes' own prompt"
+        text = codec_only_text(engine.runner, layout, codec, max_new_tokens)
+        codec_only["correct"] += query.answer in text
+        codec_only["agree"] += extract_answer(text) == answers["full"]
+        bar.update()
     bar.close()
     median = {mode: statistics.median(values) for mode, values in ttft.items()}
     return {
@@ -62,6 +113,9 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
         "accuracy": {mode: correct[mode] / len(queries) for mode in MODES},
         "agreement_vs_full": {mode: agree[mode] / len(queries) for mode in MODES},
         "queries": len(queries),
+        # exact full-prefill KV stored through the codec, question recomputed: the cost of codec error alone
+        "codec_only": {"accuracy": codec_only["correct"] / len(queries),
+                       "agreement_vs_full": codec_only["agree"] / len(queries)},
     }
 
 
@@ -114,22 +168,15 @@ def tune(num_queries: int = 8, num_chunks: int = 4, chunk_tokens: int = 128, cod
          check_layers: tuple[int, ...] = (1, 2, 4), measures: tuple[str, ...] = ("k", "v", "kv"),
          ratio: float = 0.15, progress: bool = True) -> dict:
     """Which check layer and deviation measure keep blend closest to full? Mean teacher-forced KL vs full."""
-    import torch
-
-    from kvstore.codecs import make_codec
     from kvstore.kv import ChunkKV
     from workers.blend import BlendConfig, blend_prefill, fuse_chunks
-    from workers.cache import KVCache
-    from workers.generate import SamplingParams, decode
-    from workers.prompt import build_prompt
     from workers.runner import ModelRunner
 
     runner = ModelRunner.load()
-    quantizer = make_codec(codec)
+    quantizer = codec_from_spec(codec)
 
-    def stored(kv: ChunkKV) -> ChunkKV:  # what a store round trip gives back
-        keys, values = quantizer.decode(quantizer.encode(kv.keys, kv.values), tuple(kv.keys.shape), kv.keys.dtype)
-        return ChunkKV(keys, values, kv.token_ids)
+    def stored(kv: ChunkKV) -> ChunkKV:
+        return ChunkKV(*stored_through(quantizer, kv.keys, kv.values), kv.token_ids)
 
     queries = make_queries(num_queries, num_chunks, chunk_tokens, lambda t: len(runner.tokenize(t)), seed=123)
     configs = [(layer, measure) for layer in check_layers for measure in measures]

@@ -1,15 +1,21 @@
-"""`ragkv bench eviction`: pass-key retrieval, agreement and KL vs the full cache, memory and L1 loss,
-for every policy at budgets 0.1 / 0.2 / 0.5, with and without protection of the system prompt.
+"""`ragkv bench eviction`: pass-key retrieval, system-prompt retention, memory and L1 loss, for every
+policy at budgets 0.1 / 0.2 / 0.5, with and without protection of the system prompt.
+
+Two prompt sets of ~1,000 tokens, each laid out as a RAG request (system prompt, retrieved chunks, question):
+
+- pass-key prompts: filler with a 5-digit key at several depths; `passkey_acc` is free greedy decoding with
+  the compressor's decode hooks (the cache stays at budget);
+- retention prompts: a fictional persona in the system prompt (name, place, years, cat, a greeting to use),
+  distractor archive chunks, and a question about the persona. The full cache's answer draws on the system
+  prompt (it names the keeper, the lighthouse, greets with "Ahoy"), so `agreement_vs_full` (greedy
+  next token equal to the full cache's, teacher-forced on the full cache's answer) and `kl_vs_full`
+  (mean KL of next-token distributions) measure how much of the system prompt's effect survives. The
+  first answer token is left out of both: its logits come from the prefill, before any eviction.
 
 Each prompt is prefilled once; every (policy, budget, protect) compressor observes that one prefill
-(their observers are fanned out), then works on its own copy of the cache, so all rows are measured
-side by side on the same activations. Per row and prompt:
-
-- passkey: free greedy decoding with the compressor's decode hooks (the cache stays at budget);
-- agreement / KL: teacher-forced on the full cache's greedy output (one forward, no decode-time
-  eviction over those few tokens); the first answer token is left out of both, since its logits come
-  from the prefill, before any eviction, and are equal for every row;
-- kv_bytes_ratio, l1_loss, l1_bound: from `compress()`.
+(their observers are fanned out) and then works on its own copy of the cache, so all rows are measured
+side by side on the same activations. kv_bytes_ratio, l1_loss and l1_bound come from `compress()`,
+averaged over both sets.
 
 `window_without_sinks` streams a long text through a `streaming` cache with and without the 4
 attention sinks (StreamingLLM's collapse) and reports perplexities.
@@ -24,6 +30,7 @@ import statistics
 import torch
 from tqdm import tqdm
 
+from ragkv.bench.rag_dataset import NAMES, PLACES, distractor, make_chunk
 from workers.cache import KVCache, LayerKV
 from workers.eviction import POLICIES, make_compressor
 from workers.generate import DecodeHooks, SamplingParams, decode
@@ -38,6 +45,12 @@ NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = ("There is a pass key hidden in the text above. What is the pass key? "
             "Reply with the 5-digit number only.")
 MAX_NEW_TOKENS = 14  # "The pass key is 12345." (digits are single tokens)
+PERSONA = ("You are {name}, keeper of the {place} lighthouse for {years} years. Your cat is called {cat}. "
+           "Begin every answer with 'Ahoy' and mention your cat.")
+KEEPERS = ("Maren Oddvik", "Tobias Quell", "Ines Farrow", "Ludo Brask", "Petra Saelen", "Amos Vey")
+PERSONA_QUESTIONS = ("Who are you and what do you do?", "Tell me about yourself and your cat.",
+                     "What is your name and how long have you kept the lighthouse?")
+RETENTION_NEW_TOKENS = 24
 
 
 def clone(cache: KVCache) -> KVCache:
@@ -55,6 +68,16 @@ def passkey_prompt(runner, key: int, depth: float, filler_sentences: int):
     return build_prompt(runner.tokenizer, SYSTEM_PROMPT, chunks, QUESTION)
 
 
+def retention_prompt(runner, rng: random.Random, num_chunks: int, chunk_tokens: int):
+    """A persona system prompt, distractor archive chunks, a question only the system prompt answers."""
+    system_prompt = PERSONA.format(name=rng.choice(KEEPERS), place=rng.choice(PLACES), years=rng.randrange(5, 40),
+                                   cat=rng.choice(("Pickle", "Moss", "Biscuit", "Juniper")))
+    count = lambda text: len(runner.tokenize(text))  # noqa: E731
+    chunks = [runner.tokenize(make_chunk(rng, distractor(rng, rng.choice(NAMES)), count, chunk_tokens))
+              for _ in range(num_chunks)]
+    return build_prompt(runner.tokenizer, system_prompt, chunks, rng.choice(PERSONA_QUESTIONS))
+
+
 def kl_rows(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
     """KL(p || q) per row. [M, V] logits -> [M]."""
     logp, logq = torch.log_softmax(p_logits.float(), -1), torch.log_softmax(q_logits.float(), -1)
@@ -68,7 +91,8 @@ def teacher_forced(runner, cache: KVCache, tokens: list[int], start: int) -> tor
     return runner.forward(ids, torch.arange(start, start + len(ids)), cache, last_only=False)
 
 
-def run_prompt(runner, layout, key: int, configs: list[tuple[str, float, bool]], progress_bar) -> dict:
+def observed_prefill(runner, layout, configs: list[tuple[str, float, bool]]):
+    """One full prefill observed by a compressor per config. -> (full cache, last logits, compressors)."""
     n = layout.num_tokens
     compressors = {cfg: make_compressor(CompressionSpec(policy=cfg[0], budget=cfg[1], protect_system_prompt=cfg[2]),
                                         runner.shape, layout.prefix_len, n, inv_freq=runner.inv_freq)
@@ -80,21 +104,42 @@ def run_prompt(runner, layout, key: int, configs: list[tuple[str, float, bool]],
 
     full = KVCache.empty(runner.shape.num_layers)
     logits = runner.forward(torch.tensor(layout.token_ids), torch.arange(n), full, observer=observer)
+    return full, logits, compressors
+
+
+def compressed(full: KVCache, compressor) -> tuple[KVCache, dict]:
+    cache = clone(full)
+    stats = compressor.compress(cache)
+    return cache, {key: stats[key] for key in ("kv_bytes_ratio", "l1_loss", "l1_bound")}
+
+
+def passkey_rows(runner, layout, key: int, configs, progress_bar) -> dict:
+    n = layout.num_tokens
+    full, logits, compressors = observed_prefill(runner, layout, configs)
     params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS)
     full_tokens = list(decode(runner, clone(full), logits, n, params))
     out = {"full": {"passkey": str(key) in runner.detokenize(full_tokens)}}
-    full_tf = teacher_forced(runner, clone(full), full_tokens, n) if len(full_tokens) > 1 else None
     for cfg, compressor in compressors.items():
-        cache = clone(full)
-        stats = compressor.compress(cache)
-        row = {"kv_bytes_ratio": stats["kv_bytes_ratio"], "l1_loss": stats["l1_loss"], "l1_bound": stats["l1_bound"]}
-        if full_tf is not None:
-            tf = teacher_forced(runner, clone(cache), full_tokens, n)
-            target = torch.tensor(full_tokens[1:])
-            row["agreement"] = float((tf.argmax(-1) == target).float().mean())
-            row["kl"] = float(kl_rows(full_tf, tf).mean())
+        cache, row = compressed(full, compressor)
         tokens = list(decode(runner, cache, logits, n, params, compressor.decode_hooks()))
         row["passkey"] = str(key) in runner.detokenize(tokens)
+        out[cfg] = row
+        progress_bar.update()
+    return out
+
+
+def retention_rows(runner, layout, configs, progress_bar) -> dict:
+    n = layout.num_tokens
+    full, logits, compressors = observed_prefill(runner, layout, configs)
+    full_tokens = list(decode(runner, clone(full), logits, n, SamplingParams(max_new_tokens=RETENTION_NEW_TOKENS)))
+    out = {"full": {"answer": runner.detokenize(full_tokens)}}
+    full_tf = teacher_forced(runner, clone(full), full_tokens, n) if len(full_tokens) > 1 else None
+    for cfg, compressor in compressors.items():
+        cache, row = compressed(full, compressor)
+        if full_tf is not None:
+            tf = teacher_forced(runner, cache, full_tokens, n)
+            row["agreement"] = float((tf.argmax(-1) == torch.tensor(full_tokens[1:])).float().mean())
+            row["kl"] = float(kl_rows(full_tf, tf).mean())
         out[cfg] = row
         progress_bar.update()
     return out
@@ -142,6 +187,19 @@ def window_without_sinks(runner, quick: bool) -> dict:
     }
 
 
+def protection_effect(results: list[dict]) -> dict:
+    """Per budget: mean over policies of agreement / KL with protection and without."""
+    effect = {}
+    for budget in sorted({r["budget"] for r in results}):
+        rows = [r for r in results if r["budget"] == budget and r["agreement_vs_full"] is not None]
+        pick = lambda protect, key: statistics.fmean(r[key] for r in rows if r["protect"] == protect)  # noqa: E731
+        if rows:
+            effect[str(budget)] = {"agreement_with": pick(True, "agreement_vs_full"),
+                                   "agreement_without": pick(False, "agreement_vs_full"),
+                                   "kl_with": pick(True, "kl_vs_full"), "kl_without": pick(False, "kl_vs_full")}
+    return effect
+
+
 def run(quick: bool = False, progress: bool = True, seed: int = 0, threads: int | None = 1) -> dict:
     """threads: torch intra-op threads during the run (restored after). Default 1: eviction bookkeeping is
     many tiny ops, and on a small shared machine 2 threads made them ~100x slower (they wait on each other)."""
@@ -165,27 +223,33 @@ def _run(quick: bool, progress: bool, seed: int) -> dict:
     configs = [(policy, budget, protect) for policy in sorted(POLICIES) for budget in BUDGETS
                for protect in (True, False)]
     prompts = [(depth, rng.randint(10000, 99999)) for _ in range(repeats) for depth in depths]
-    bar = tqdm(total=len(prompts) * len(configs), desc="eviction bench", disable=not progress)
-    per_prompt, prompt_tokens = [], []
+    num_retention, retention_chunks = (1, 2) if quick else (10, 4)  # ~550 / ~1,000 prompt tokens
+    bar = tqdm(total=(len(prompts) + num_retention) * len(configs), desc="eviction bench", disable=not progress)
+    passkey, retention, prompt_tokens, retention_tokens, full_answers = [], [], [], [], []
     for depth, key in prompts:
         layout = passkey_prompt(runner, key, depth, filler_sentences)
         prompt_tokens.append(layout.num_tokens)
-        per_prompt.append(run_prompt(runner, layout, key, configs, bar))
+        passkey.append(passkey_rows(runner, layout, key, configs, bar))
+    for _ in range(num_retention):
+        layout = retention_prompt(runner, rng, retention_chunks, 230)
+        retention_tokens.append(layout.num_tokens)
+        retention.append(retention_rows(runner, layout, configs, bar))
+        full_answers.append(retention[-1]["full"]["answer"])
     bar.close()
 
     def mean(values):
         values = [v for v in values if v is not None]
         return statistics.fmean(values) if values else None
 
-    full_acc = mean([float(p["full"]["passkey"]) for p in per_prompt])
+    full_acc = mean([float(p["full"]["passkey"]) for p in passkey])
     results = []
     for cfg in configs:
-        rows = [p[cfg] for p in per_prompt]
+        rows = [p[cfg] for p in passkey + retention]
         results.append({
             "policy": cfg[0], "budget": cfg[1], "protect": cfg[2],
-            "passkey_acc": mean([float(r["passkey"]) for r in rows]),
-            "agreement_vs_full": mean([r.get("agreement") for r in rows]),
-            "kl_vs_full": mean([r.get("kl") for r in rows]),
+            "passkey_acc": mean([float(p[cfg]["passkey"]) for p in passkey]),
+            "agreement_vs_full": mean([p[cfg].get("agreement") for p in retention]),
+            "kl_vs_full": mean([p[cfg].get("kl") for p in retention]),
             "kv_bytes_ratio": mean([r["kv_bytes_ratio"] for r in rows]),
             "l1_loss": mean([r["l1_loss"] for r in rows]),
             "l1_bound": mean([r["l1_bound"] for r in rows]),
@@ -195,5 +259,9 @@ def _run(quick: bool, progress: bool, seed: int) -> dict:
         "results": results,
         "prompts": len(prompts),
         "prompt_tokens": round(statistics.fmean(prompt_tokens)),
+        "retention_prompts": num_retention,
+        "retention_prompt_tokens": round(statistics.fmean(retention_tokens)),
+        "retention_full_answers": full_answers,
+        "protection_effect": protection_effect(results),
         "window_without_sinks": window_without_sinks(runner, quick),
     }

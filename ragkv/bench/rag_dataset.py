@@ -45,7 +45,7 @@ def _fact(name: str, code: str) -> str:
     return f"The access code for the {name} archive is {code}."
 
 
-def _distractor(rng: random.Random, name: str) -> str:
+def distractor(rng: random.Random, name: str) -> str:
     if rng.random() < 0.5:
         return f"The door of the {name} archive is painted {rng.choice(COLOURS)}."
     return f"The {name} archive keeps {rng.randrange(12, 95)} ledgers on its top shelf."
@@ -67,7 +67,7 @@ def make_queries(num_queries: int, num_chunks: int, chunk_tokens: int, count_tok
         names = rng.sample(NAMES, num_chunks) if num_chunks <= len(NAMES) else [f"{rng.choice(NAMES)}-{i}" for i in range(num_chunks)]
         target = rng.randrange(num_chunks)
         code = str(rng.randrange(10000, 100000))
-        facts = [_fact(n, code) if i == target else _distractor(rng, n) for i, n in enumerate(names)]
+        facts = [_fact(n, code) if i == target else distractor(rng, n) for i, n in enumerate(names)]
         chunks = [make_chunk(rng, fact, count_tokens, chunk_tokens) for fact in facts]
         queries.append(RagQuery(chunks=chunks, question=f"What is the access code for the {names[target]} archive?",
                                 answer=code, needle_chunk=target))
