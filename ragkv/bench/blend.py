@@ -40,13 +40,16 @@ def stored_through(codec, keys: torch.Tensor, values: torch.Tensor) -> tuple[tor
 
 
 @torch.inference_mode()
-def codec_only_prefill(runner, layout, codec) -> tuple[torch.Tensor, KVCache]:
+def codec_only_prefill(runner, layout, codec, round_trip=None) -> tuple[torch.Tensor, KVCache]:
     """What codec error alone costs: the exact full-prefill KV (every chunk sees its real context), each
     chunk's span round-tripped through the codec as the store would keep it (keys moved back to positions
     0.., quantized, moved to their place again), then the tokens after the last chunk recomputed over it.
     `reuse` on a perfect cache, in effect: no context is missing, every chunk token is decoded from the
     codec. (`blend` can beat it: its recomputed tokens carry exact KV.)
+    round_trip(keys, values) -> (keys, values) on [L, H, T, D] stored-form KV replaces the codec when
+    given (ragkv.bench.codec_study tries partial and idealized quantizers this way).
     -> (logits of the last prompt token [1, vocab], cache)."""
+    round_trip = round_trip or (lambda keys, values: stored_through(codec, keys, values))
     ids = torch.tensor(layout.token_ids, device=runner.device)
     tail = layout.chunk_spans[-1][1] if layout.chunk_spans else layout.prefix_len
     cache = KVCache.empty(runner.shape.num_layers)
@@ -55,7 +58,7 @@ def codec_only_prefill(runner, layout, codec) -> tuple[torch.Tensor, KVCache]:
         keys = torch.stack([layer.keys[:, start:end] for layer in cache.layers])  # [L, H, T, D]
         values = torch.stack([layer.values[:, start:end] for layer in cache.layers])
         stored_keys = rerotate_keys(keys, -start, runner.inv_freq)
-        decoded_keys, decoded_values = stored_through(codec, stored_keys, values)
+        decoded_keys, decoded_values = round_trip(stored_keys, values)
         decoded_keys = rerotate_keys(decoded_keys, start, runner.inv_freq)
         for i, layer in enumerate(cache.layers):
             layer.keys[:, start:end] = decoded_keys[i]
@@ -64,8 +67,8 @@ def codec_only_prefill(runner, layout, codec) -> tuple[torch.Tensor, KVCache]:
     return runner.forward(ids[tail:], positions, cache), cache
 
 
-def codec_only_text(runner, layout, codec, max_new_tokens: int) -> str:
-    logits, cache = codec_only_prefill(runner, layout, codec)
+def codec_only_text(runner, layout, codec, max_new_tokens: int, round_trip=None) -> str:
+    logits, cache = codec_only_prefill(runner, layout, codec, round_trip)
     return runner.detokenize(list(decode(runner, cache, logits, layout.num_tokens,
                                          SamplingParams(max_new_tokens=max_new_tokens))))
 

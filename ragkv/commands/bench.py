@@ -1,4 +1,4 @@
-"""`ragkv bench codecs|store|blend|eviction|lora|precompute|load [--json OUT] [--quick]`."""
+"""`ragkv bench codecs|store|blend|eviction|lora|precompute|load|codec-study [--json OUT] [--quick]`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-SUITES = ("codecs", "store", "blend", "eviction", "lora", "precompute", "load")
+SUITES = ("codecs", "store", "blend", "eviction", "lora", "precompute", "load", "codec-study")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    module = importlib.import_module(f"ragkv.bench.{args.suite}")
+    module = importlib.import_module(f"ragkv.bench.{args.suite.replace('-', '_')}")
     kwargs = {"quick": args.quick}
     if args.suite == "blend":
         kwargs.update(chunk_counts=tuple(args.chunks) if args.chunks else None, num_queries=args.queries,
