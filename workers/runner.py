@@ -9,7 +9,7 @@ Batch size is 1: hidden states are [S, hidden].
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -146,8 +146,11 @@ class ModelRunner:
         return self.logits(hidden[-1:] if last_only else hidden)
 
     @torch.inference_mode()
-    def chunk_kv(self, token_ids: list[int]) -> ChunkKV:
-        """KV of one chunk computed on its own, at positions 0..n-1."""
+    def chunk_kv(self, token_ids: list[int], layer_input: Callable[[int, torch.Tensor], None] | None = None) -> ChunkKV:
+        """KV of one chunk computed on its own, at positions 0..n-1.
+
+        layer_input(layer, hidden [T, hidden]) sees each layer's input (LoRA's low-rank parts are taken there).
+        """
         if not token_ids:
             raise ValueError("chunk has no tokens")
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
@@ -155,6 +158,8 @@ class ModelRunner:
         cache = KVCache.empty(self.shape.num_layers)
         hidden = self.embed(ids)
         for layer in range(self.shape.num_layers):
+            if layer_input is not None:
+                layer_input(layer, hidden)
             hidden = self.layer_forward(layer, hidden, positions, cache)
         return cache.to_chunk(token_ids)
 

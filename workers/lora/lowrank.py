@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from kvstore.kv import ChunkKV
-from workers.cache import KVCache
 from workers.lora.adapter import LoraAdapter
 from workers.rope import rope_cos_sin, rotate_half
 from workers.runner import ModelRunner
@@ -52,19 +51,14 @@ def adapter_chunk(runner: ModelRunner, adapter: LoraAdapter, token_ids: list[int
     full is [L, Hkv, T, D] as ModelRunner.chunk_kv gives; parts keys/values are P_k, P_v [L, 1, T, r].
     """
     _check_linear_kv(runner)
-    if not token_ids:
-        raise ValueError("chunk has no tokens")
-    ids = torch.tensor(token_ids, dtype=torch.long, device=runner.device)
-    positions = torch.arange(len(token_ids), device=runner.device)
-    cache = KVCache.empty(runner.shape.num_layers)
-    hidden = runner.embed(ids)
     p_k, p_v = [], []
-    for layer in range(runner.shape.num_layers):
+
+    def take_parts(layer: int, hidden: torch.Tensor) -> None:
         x = runner.layers[layer].input_layernorm(hidden).float()  # X_a [T, hidden]
         p_k.append(x @ adapter.a(layer, "k_proj").to(x.device).T if "k_proj" in adapter.targets else x[:, :0])
         p_v.append(x @ adapter.a(layer, "v_proj").to(x.device).T if "v_proj" in adapter.targets else x[:, :0])
-        hidden = runner.layer_forward(layer, hidden, positions, cache)
-    full = cache.to_chunk(token_ids)
+
+    full = runner.chunk_kv(token_ids, layer_input=take_parts)
     parts = ChunkKV(keys=torch.stack(p_k)[:, None], values=torch.stack(p_v)[:, None], token_ids=list(token_ids))
     return full, parts
 
