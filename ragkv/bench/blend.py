@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import statistics
 import tempfile
+from functools import partial
 
 import torch
 from tqdm import tqdm
@@ -40,16 +41,15 @@ def stored_through(codec, keys: torch.Tensor, values: torch.Tensor) -> tuple[tor
 
 
 @torch.inference_mode()
-def codec_only_prefill(runner, layout, codec, round_trip=None) -> tuple[torch.Tensor, KVCache]:
+def codec_only_prefill(runner, layout, round_trip) -> tuple[torch.Tensor, KVCache]:
     """What codec error alone costs: the exact full-prefill KV (every chunk sees its real context), each
     chunk's span round-tripped through the codec as the store would keep it (keys moved back to positions
     0.., quantized, moved to their place again), then the tokens after the last chunk recomputed over it.
     `reuse` on a perfect cache, in effect: no context is missing, every chunk token is decoded from the
     codec. (`blend` can beat it: its recomputed tokens carry exact KV.)
-    round_trip(keys, values) -> (keys, values) on [L, H, T, D] stored-form KV replaces the codec when
-    given (ragkv.bench.codec_study tries partial and idealized quantizers this way).
+    round_trip(keys, values) -> (keys, values) on [L, H, T, D] stored-form KV: a codec's
+    `partial(stored_through, codec)`, or a partial / idealized quantizer (ragkv.bench.codec_study).
     -> (logits of the last prompt token [1, vocab], cache)."""
-    round_trip = round_trip or (lambda keys, values: stored_through(codec, keys, values))
     ids = torch.tensor(layout.token_ids, device=runner.device)
     tail = layout.chunk_spans[-1][1] if layout.chunk_spans else layout.prefix_len
     cache = KVCache.empty(runner.shape.num_layers)
@@ -67,8 +67,8 @@ def codec_only_prefill(runner, layout, codec, round_trip=None) -> tuple[torch.Te
     return runner.forward(ids[tail:], positions, cache), cache
 
 
-def codec_only_text(runner, layout, codec, max_new_tokens: int, round_trip=None) -> str:
-    logits, cache = codec_only_prefill(runner, layout, codec, round_trip)
+def codec_only_text(runner, layout, round_trip, max_new_tokens: int) -> str:
+    logits, cache = codec_only_prefill(runner, layout, round_trip)
     return runner.detokenize(list(decode(runner, cache, logits, layout.num_tokens,
                                          SamplingParams(max_new_tokens=max_new_tokens))))
 
@@ -81,7 +81,7 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
     correct = {mode: 0 for mode in MODES}
     agree = {mode: 0 for mode in MODES}
     prompt_tokens = []
-    codec = codec_from_spec(engine.config.codec)
+    round_trip = partial(stored_through, codec_from_spec(engine.config.codec))
     codec_only = {"correct": 0, "agree": 0}
     bar = tqdm(total=len(queries) * (2 + len(MODES)), desc=f"blend bench N={num_chunks}", disable=not progress)
     for query in queries:
@@ -101,7 +101,7 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
         layout = build_prompt(engine.runner.tokenizer, "", [engine.runner.tokenize(c) for c in query.chunks],
                               query.question)
         assert layout.token_ids == result.prompt_token_ids, "codec_only must run on the modes' own prompt"
-        text = codec_only_text(engine.runner, layout, codec, max_new_tokens)
+        text = codec_only_text(engine.runner, layout, round_trip, max_new_tokens)
         codec_only["correct"] += query.answer in text
         codec_only["agree"] += extract_answer(text) == answers["full"]
         bar.update()

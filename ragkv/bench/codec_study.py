@@ -18,11 +18,12 @@ Queries are the blend bench's (same generator and seed for a given N), so the fi
 from __future__ import annotations
 
 import statistics
+from functools import partial
 
 import torch
 from tqdm import tqdm
 
-from kvstore.codecs import make_codec, quant
+from kvstore.codecs import make_codec
 from ragkv.bench.blend import codec_only_text, stored_through
 from ragkv.bench.rag_dataset import make_queries
 from workers.cache import KVCache
@@ -64,16 +65,6 @@ def lloyd_max_2bit(x: torch.Tensor, group_size: int = GROUP, exact_per_group: in
     return out.reshape(*x.shape[:-1], -1)[..., :n].to(x.dtype)
 
 
-def kivi2_keys(keys: torch.Tensor) -> torch.Tensor:
-    q, scale, zero = quant.quantize_per_channel(keys, 2, GROUP)
-    return quant.dequantize_per_channel(q, scale, zero, GROUP).to(keys.dtype)
-
-
-def kivi2_values(values: torch.Tensor) -> torch.Tensor:
-    q, scale, zero = quant.quantize_per_token(values, 2, GROUP)
-    return quant.dequantize_asym(q, scale, zero, GROUP).to(values.dtype)
-
-
 def ideal2_keys(keys: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """keys [L, H, T, D] rotated at 0..T-1: un-rotate, quantize each channel over token groups, rotate back."""
     positions = torch.arange(keys.shape[-2])
@@ -84,13 +75,11 @@ def ideal2_keys(keys: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
 
 def variants(inv_freq: torch.Tensor) -> dict:
     """name -> round_trip(keys, values) -> (keys, values), all on stored-form [L, H, T, D] KV."""
-    def codec(name):
-        return lambda k, v, c=make_codec(name): stored_through(c, k, v)
-
+    fp16, int4, kivi2 = (partial(stored_through, make_codec(name)) for name in ("fp16", "int4", "kivi2"))
     return {
-        "fp16": codec("fp16"), "int4": codec("int4"), "kivi2": codec("kivi2"),
-        "kivi2-keys": lambda k, v: (kivi2_keys(k), v),
-        "kivi2-values": lambda k, v: (k, kivi2_values(v)),
+        "fp16": fp16, "int4": int4, "kivi2": kivi2,
+        "kivi2-keys": lambda k, v: (kivi2(k, v)[0], v),  # the real codec, its values thrown away
+        "kivi2-values": lambda k, v: (k, kivi2(k, v)[1]),
         "ideal2-keys": lambda k, v: (ideal2_keys(k, inv_freq), v),
     }
 
@@ -123,7 +112,7 @@ def run(quick: bool = False, progress: bool = True, num_chunks: int | None = Non
             correct["full"] += query.answer in full
             bar.update()
             for name, trip in trips.items():
-                text = codec_only_text(runner, layout, None, max_new_tokens, round_trip=trip)
+                text = codec_only_text(runner, layout, trip, max_new_tokens)
                 correct[name] += query.answer in text
                 bar.update()
             if not errors:  # relative L2 error on the first query's first chunk, stored form

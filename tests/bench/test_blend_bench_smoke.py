@@ -24,6 +24,8 @@ def test_extract_answer_takes_the_code_or_the_first_line():
 
 def test_codec_only_is_full_prefill_up_to_the_codec(runner):
     """With an (almost) lossless codec codec_only is the full prefill; with 2-bit KV it moves away."""
+    from functools import partial
+
     import torch
 
     from kvstore.codecs import make_codec
@@ -34,8 +36,8 @@ def test_codec_only_is_full_prefill_up_to_the_codec(runner):
     layout = build_prompt(runner.tokenizer, "", chunks, "What colour is the door?")
     ids = torch.tensor(layout.token_ids)
     full = runner.forward(ids, torch.arange(len(ids)), KVCache.empty(runner.shape.num_layers))
-    fp16, _ = blend.codec_only_prefill(runner, layout, make_codec("fp16"))
-    kivi2, _ = blend.codec_only_prefill(runner, layout, make_codec("kivi2"))
+    fp16, _ = blend.codec_only_prefill(runner, layout, partial(blend.stored_through, make_codec("fp16")))
+    kivi2, _ = blend.codec_only_prefill(runner, layout, partial(blend.stored_through, make_codec("kivi2")))
     fp16_gap, kivi2_gap = (full - fp16).abs().max(), (full - kivi2).abs().max()
     assert fp16_gap < 0.05 * full.abs().max()
     assert kivi2_gap > 5 * fp16_gap
