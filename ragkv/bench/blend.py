@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from kvstore.codecs import codec_from_spec
+from ragkv.bench.divergence import kl_rows, teacher_forced
 from ragkv.bench.rag_dataset import make_queries
 from workers.cache import KVCache
 from workers.generate import SamplingParams, decode
@@ -146,27 +147,6 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
             "runs": runs}
 
 
-def teacher_forced_logits(runner, cache, first_logits, next_position: int, tokens: list[int]):
-    """Logits [len(tokens), vocab] at each answer step, feeding `tokens` (e.g. full's output) back in."""
-    import torch
-
-    steps = [first_logits.reshape(-1)]
-    for i, token in enumerate(tokens[:-1]):
-        ids = torch.tensor([token], device=runner.device)
-        positions = torch.tensor([next_position + i], device=runner.device)
-        steps.append(runner.forward(ids, positions, cache).reshape(-1))
-    return torch.stack(steps)
-
-
-def mean_kl(reference_logits, logits) -> float:
-    """Mean KL(reference || other) over steps; both [steps, vocab]."""
-    import torch
-
-    ref = torch.log_softmax(reference_logits.float(), dim=-1)
-    other = torch.log_softmax(logits.float(), dim=-1)
-    return float((ref.exp() * (ref - other)).sum(dim=-1).mean())
-
-
 def tune(num_queries: int = 8, num_chunks: int = 4, chunk_tokens: int = 128, codec: str = "kivi2",
          check_layers: tuple[int, ...] = (1, 2, 4), measures: tuple[str, ...] = ("k", "v", "kv"),
          ratio: float = 0.15, progress: bool = True) -> dict:
@@ -205,6 +185,8 @@ def tune(num_queries: int = 8, num_chunks: int = 4, chunk_tokens: int = 128, cod
             cache, computed = fuse_chunks(runner, layout, prefix, kvs)
             first, _ = blend_prefill(runner, layout, cache, computed, BlendConfig(ratio, layer, measure),
                                      reuse=name == "reuse")
-            kl[name].append(mean_kl(reference, teacher_forced_logits(runner, cache, first, n, answer)))
+            later = [teacher_forced(runner, cache, answer, n)] if len(answer) > 1 else []
+            logits = torch.cat([first.reshape(1, -1), *later])
+            kl[name].append(float(kl_rows(reference, logits).mean()))
     return {"codec": codec, "recompute_ratio": ratio, "chunks": num_chunks, "chunk_tokens": chunk_tokens,
             "queries": num_queries, "mean_kl_vs_full": {k: statistics.mean(v) for k, v in kl.items() if v}}

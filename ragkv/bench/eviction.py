@@ -30,6 +30,7 @@ import statistics
 import torch
 from tqdm import tqdm
 
+from ragkv.bench.divergence import kl_rows, teacher_forced
 from ragkv.bench.rag_dataset import NAMES, PLACES, distractor, make_chunk
 from workers.cache import KVCache, LayerKV
 from workers.eviction import POLICIES, make_compressor
@@ -76,19 +77,6 @@ def retention_prompt(runner, rng: random.Random, num_chunks: int, chunk_tokens: 
     chunks = [runner.tokenize(make_chunk(rng, distractor(rng, rng.choice(NAMES)), count, chunk_tokens))
               for _ in range(num_chunks)]
     return build_prompt(runner.tokenizer, system_prompt, chunks, rng.choice(PERSONA_QUESTIONS))
-
-
-def kl_rows(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
-    """KL(p || q) per row. [M, V] logits -> [M]."""
-    logp, logq = torch.log_softmax(p_logits.float(), -1), torch.log_softmax(q_logits.float(), -1)
-    return (logp.exp() * (logp - logq)).sum(-1)
-
-
-@torch.inference_mode()
-def teacher_forced(runner, cache: KVCache, tokens: list[int], start: int) -> torch.Tensor:
-    """Logits predicting tokens[1:] given tokens[:-1] fed at positions start.. -> [len(tokens) - 1, V]."""
-    ids = torch.tensor(tokens[:-1])
-    return runner.forward(ids, torch.arange(start, start + len(ids)), cache, last_only=False)
 
 
 def observed_prefill(runner, layout, configs: list[tuple[str, float, bool]]):
