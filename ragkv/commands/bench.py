@@ -1,4 +1,4 @@
-"""`ragkv bench codecs|store|blend|eviction|lora|precompute|load|codec-study [--json OUT] [--quick]`."""
+"""`ragkv bench SUITE [--json OUT] [--quick]`, SUITE one of SUITES."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-SUITES = ("codecs", "store", "blend", "eviction", "lora", "precompute", "load", "codec-study")
+SUITES = ("codecs", "store", "blend", "eviction", "quality", "lora", "precompute", "load", "codec-study")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +16,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small version (CI smoke)")
     parser.add_argument("--chunks", type=int, nargs="+", help="blend: chunk counts to run (default 4 8 16)")
     parser.add_argument("--queries", type=int, help="blend: queries per chunk count")
-    parser.add_argument("--codec", default="kivi2", help="blend: codec of the stored chunks")
+    parser.add_argument("--settings", nargs="+", metavar="METHOD@RATIO",
+                        help="blend: extra blend settings measured side by side (e.g. legolink@0.15)")
+    parser.add_argument("--codec", help="blend, quality: codec of the stored chunks (default: the engine's)")
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
+    quality = parser.add_argument_group("quality")
+    quality.add_argument("--split", choices=("dev", "test"), default="dev",
+                         help="quality: dev for choosing defaults, test (held out) for quoted figures")
+    quality.add_argument("--families", type=_names, help="quality: comma-separated families (default all)")
+    quality.add_argument("--per-family", type=_positive, help="quality: prompts per family and size")
+    quality.add_argument("--sizes", type=_positive, nargs="+", help="quality: prompt sizes in tokens (500 1100 2000)")
+    quality.add_argument("--configs", nargs="+", help="quality: configurations (full, reuse, blend@0.3, codec:int4, "
+                                                      "policy:snapkv@0.2[:noprot], ...)")
+    quality.add_argument("--preset", help="quality: a named configuration set (quick, blend, codecs, eviction, all)")
+    quality.add_argument("--plots", metavar="DIR", help="quality: write PNG plots here")
+    quality.add_argument("--report", metavar="MD", help="quality: write the Markdown tables here")
+
+
+def _names(text: str) -> list[str]:
+    return [name for name in text.split(",") if name]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,7 +49,13 @@ def run(args: argparse.Namespace) -> int:
     kwargs = {"quick": args.quick}
     if args.suite == "blend":
         kwargs.update(chunk_counts=tuple(args.chunks) if args.chunks else None, num_queries=args.queries,
-                      codec=args.codec, model=args.model)
+                      model=args.model, settings=tuple(args.settings or ()),
+                      **({"codec": args.codec} if args.codec else {}))
+    if args.suite == "quality":
+        kwargs.update(split=args.split, families=args.families, per_family=args.per_family,
+                      sizes=tuple(args.sizes) if args.sizes else None, configs=args.configs, preset=args.preset,
+                      codec=args.codec,
+                      plots=args.plots, report=args.report, model=args.model)
     result = module.run(**kwargs)
     text = json.dumps(result, indent=2, sort_keys=False)
     if args.json_out:

@@ -1,0 +1,198 @@
+"""One runner for every configuration: prefill each prompt once, fan the configurations out over it.
+
+Per prompt: the full prefill runs once, watched by every eviction config's observer; full's greedy
+answer is the reference. Each configuration then prepares its cache (chunk KV computed once per
+prompt and stored through each codec once), and is scored three ways:
+
+- accuracy: every expected answer appears in its greedy text;
+- agreement: its greedy tokens equal full's, token for token;
+- KL: mean KL(full || config) of next-token distributions, teacher-forced on full's answer.
+
+Teacher forcing comes first; when its argmax already reproduces full's answer (and the stop after
+it) and the config has no decode-time hooks, the greedy answer *is* full's and decoding is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from kvstore.backends.memory import MemoryBackend
+from kvstore.kv import ChunkKV
+from kvstore.store import BlockStore
+from ragkv.bench.divergence import kl_rows, teacher_forced
+from ragkv.bench.quality.configs import ConfigKind, Eviction, Prepared
+from ragkv.bench.quality.families import QualityPrompt
+from workers.cache import KVCache, LayerKV
+from workers.engine import PREFIX_CODEC
+from workers.generate import SamplingParams, decode
+from workers.prompt import PromptLayout, build_prompt
+from workers.requests import CompressionSpec
+from workers.rope import rerotate_keys
+
+
+def clone(cache: KVCache) -> KVCache:
+    return KVCache([LayerKV(kv.keys.clone(), kv.values.clone(), kv.positions.clone(),
+                            None if kv.head_mask is None else kv.head_mask.clone()) for kv in cache.layers])
+
+
+@dataclass
+class Outcome:
+    correct: bool
+    agree: bool
+    kl: float
+    text: str
+
+
+@dataclass
+class PromptContext:
+    """Everything the configs of one prompt share; expensive parts are computed once, on first use."""
+
+    runner: object
+    prompt: QualityPrompt
+    codec: str  # the suite's default codec for blend / reuse configs
+    configs: list[ConfigKind]
+    _stores: dict[str, BlockStore] = field(default_factory=dict)
+    _stored: dict[str, list[ChunkKV]] = field(default_factory=dict)
+    _in_context: dict[str, list[ChunkKV]] = field(default_factory=dict)
+    _compressors: dict[str, object] = field(default_factory=dict)
+
+    @cached_property
+    def layout(self) -> PromptLayout:
+        tokenize = self.runner.tokenize
+        return build_prompt(self.runner.tokenizer, self.prompt.system_prompt,
+                            [tokenize(c) for c in self.prompt.chunks], self.prompt.question)
+
+    # -- the shared full prefill ---------------------------------------------------
+    def prefill(self) -> None:
+        observers = [o for o in (c.observer(self) for c in self.configs) if o is not None]
+
+        def observe(layer, q, q_positions, kv):
+            for o in observers:
+                o(layer, q, q_positions, kv)
+
+        n = self.layout.num_tokens
+        self.full_cache = KVCache.empty(self.runner.shape.num_layers)
+        ids = torch.tensor(self.layout.token_ids, device=self.runner.device)
+        self.full_logits = self.runner.forward(ids, torch.arange(n, device=self.runner.device), self.full_cache,
+                                               observer=observe if observers else None)
+        self.full_tokens = list(decode(self.runner, self.full_cache_copy(), self.full_logits, n, self.params))
+        self.full_rows = self.answer_rows(Prepared(self.full_logits, self.full_cache_copy()))
+
+    def full_cache_copy(self) -> KVCache:
+        return clone(self.full_cache)
+
+    @property
+    def params(self) -> SamplingParams:
+        return SamplingParams(max_new_tokens=self.prompt.max_new_tokens)
+
+    def answer_rows(self, prepared: Prepared) -> torch.Tensor:
+        """[len(full answer) + 1, vocab]: logits before each of full's answer tokens and after the last.
+        Teacher-forces over `prepared.cache` (the caller passes a copy if it still needs the cache)."""
+        tokens = self.full_tokens
+        first = prepared.logits.reshape(1, -1).float()
+        if not tokens:
+            return first
+        later = teacher_forced(self.runner, prepared.cache, tokens + [tokens[-1]], self.layout.num_tokens)
+        return torch.cat([first, later.float()])
+
+    # -- chunk KV, computed once per prompt ------------------------------------------
+    def store(self, codec: str) -> BlockStore:
+        if codec not in self._stores:
+            self._stores[codec] = BlockStore(MemoryBackend(), codec, self.runner.fingerprint)
+        return self._stores[codec]
+
+    @cached_property
+    def exact_chunks(self) -> list[ChunkKV]:
+        """Each chunk's KV computed on its own at positions 0..n-1 (what ingest stores, before the codec)."""
+        ids = self.layout.token_ids
+        return [self.runner.chunk_kv(ids[start:end]) for start, end in self.layout.chunk_spans]
+
+    def stored_chunks(self, codec: str) -> list[ChunkKV]:
+        """The chunks as a store hit through `codec` decodes them."""
+        if codec not in self._stored:
+            self._stored[codec] = [self.store(codec).as_stored(kv)[1] for kv in self.exact_chunks]
+        return self._stored[codec]
+
+    def in_context_chunks(self, codec: str) -> list[ChunkKV]:
+        """Each chunk's span of the full prefill's KV (its real context), moved to positions 0.. and stored
+        through `codec`: the KV a perfect blend would store, with codec error only."""
+        if codec not in self._in_context:
+            ids, chunks = self.layout.token_ids, []
+            for start, end in self.layout.chunk_spans:
+                keys = torch.stack([layer.keys[:, start:end] for layer in self.full_cache.layers])  # [L, H, T, D]
+                values = torch.stack([layer.values[:, start:end] for layer in self.full_cache.layers])
+                kv = ChunkKV(rerotate_keys(keys, -start, self.runner.inv_freq), values, ids[start:end],
+                             inv_freq=self.runner.inv_freq)  # a pre-RoPE codec un-rotates with these
+                chunks.append(self.store(codec).as_stored(kv)[1])
+            self._in_context[codec] = chunks
+        return self._in_context[codec]
+
+    def prefix_kv(self) -> ChunkKV:
+        """The system-prompt prefix as the engine reuses it (an exact prefix, stored fp16)."""
+        if "prefix" not in self._stored:
+            p = self.layout.prefix_len
+            keys = torch.stack([layer.keys[:, :p] for layer in self.full_cache.layers])
+            values = torch.stack([layer.values[:, :p] for layer in self.full_cache.layers])
+            kv = ChunkKV(keys, values, self.layout.prefix_ids)
+            self._stored["prefix"] = [self.store(PREFIX_CODEC).as_stored(kv)[1]]
+        return self._stored["prefix"][0]
+
+    def prefix_prefill(self) -> tuple[torch.Tensor, KVCache]:
+        runner, layout = self.runner, self.layout
+        cache = KVCache.from_chunk(self.prefix_kv(), device=runner.device, dtype=runner.dtype)
+        ids = torch.tensor(layout.token_ids[layout.prefix_len:], device=runner.device)
+        positions = torch.arange(layout.prefix_len, layout.num_tokens, device=runner.device)
+        return runner.forward(ids, positions, cache), cache
+
+    def compressor(self, config: Eviction):
+        """One compressor per eviction config; it observes the shared full prefill."""
+        if config.name not in self._compressors:
+            from workers.eviction import make_compressor
+
+            spec = CompressionSpec(policy=config.policy, budget=config.budget, protect_system_prompt=config.protect)
+            runner = self.runner
+            self._compressors[config.name] = make_compressor(
+                spec, runner.shape, self.layout.prefix_len, self.layout.num_tokens, inv_freq=runner.inv_freq,
+                scale=runner.layers[0].self_attn.scaling, question_start=self.layout.suffix_start)
+        return self._compressors[config.name]
+
+    # -- one configuration -------------------------------------------------------------
+    def score(self, config: ConfigKind) -> Outcome:
+        prepared = config.prepare(self)
+        needs_decode = prepared.hooks.after_step is not None
+        rows = self.answer_rows(Prepared(prepared.logits, clone(prepared.cache)))
+        reference = self.full_rows
+        kl = float(kl_rows(reference, rows).mean())
+        predicted = rows.argmax(-1).tolist()
+        tokens = self.full_tokens
+        if not needs_decode and self._reproduces_full(predicted):
+            generated = list(tokens)
+        else:
+            generated = list(decode(self.runner, prepared.cache, prepared.logits, self.layout.num_tokens,
+                                    self.params, prepared.hooks))
+        text = self.runner.detokenize(generated)
+        return Outcome(correct=self.prompt.correct(text), agree=generated == tokens, kl=kl, text=text)
+
+    def _reproduces_full(self, predicted: list[int]) -> bool:
+        tokens = self.full_tokens
+        if predicted[:len(tokens)] != tokens:
+            return False
+        return len(tokens) == self.prompt.max_new_tokens or predicted[len(tokens)] in self.runner.stop_token_ids
+
+
+def evaluate_prompt(runner, prompt: QualityPrompt, configs: list[ConfigKind], codec: str,
+                    on_config=None) -> dict[str, Outcome]:
+    """-> {config name: Outcome}, with `full` always first."""
+    ctx = PromptContext(runner, prompt, codec, configs)
+    ctx.prefill()
+    full_text = runner.detokenize(ctx.full_tokens)
+    out = {"full": Outcome(prompt.correct(full_text), True, 0.0, full_text)}
+    for config in configs:
+        if config.name != "full":
+            out[config.name] = ctx.score(config)
+        if on_config is not None:
+            on_config(config.name)
+    return out

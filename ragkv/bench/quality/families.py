@@ -1,0 +1,277 @@
+"""Task families of the quality suite: one small generator per family, registered by name.
+
+A generator gets a `Draw` (the split's pool, a seeded rng, the prompt's shape and where the fact
+goes) and returns the chunks, question and expected answers. Every answer is checkable: the
+prompt is correct when each expected answer appears in the model's text.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ragkv.bench.quality.haystack import CountTokens, build_chunk
+from ragkv.bench.quality.pools import Pool
+
+
+
+@dataclass(frozen=True)
+class QualityPrompt:
+    family: str
+    split: str
+    index: int
+    system_prompt: str
+    chunks: tuple[str, ...]
+    question: str
+    answers: tuple[str, ...]  # every one must appear in the answer text
+    max_new_tokens: int = 24
+    position: str = ""  # first | middle | last: which chunk holds the fact
+    depth: float = 0.0  # where in that chunk
+
+    def correct(self, text: str) -> bool:
+        return all(answer_found(a, text) for a in self.answers)
+
+
+def answer_found(answer: str, text: str) -> bool:
+    """Digits match as a whole number; words case-insensitively on word boundaries."""
+    if answer.isdigit():
+        return re.search(rf"(?<!\d){answer}(?!\d)", text) is not None
+    return re.search(rf"\b{re.escape(answer.lower())}\b", text.lower()) is not None
+
+
+@dataclass
+class Draw:
+    """One prompt's random choices. `target` = index of the chunk that holds the fact."""
+
+    rng: random.Random
+    pool: Pool
+    split_index: int
+    num_chunks: int
+    chunk_tokens: int
+    target: int
+    depth: float
+    count_tokens: CountTokens
+    _codes: set[str] = field(default_factory=set)
+
+    def code(self) -> str:
+        while True:
+            code = str(self.rng.randrange(10000, 100000))
+            if code not in self._codes:
+                self._codes.add(code)
+                return code
+
+    def entities(self, count: int) -> list[str]:
+        return self.rng.sample(self.pool.entities, count)
+
+    def kind(self) -> str:
+        return self.rng.choice(self.pool.kinds)
+
+    def chunks(self, facts: dict[int, list[str]], style: str = "prose") -> tuple[str, ...]:
+        """One chunk per index; the target chunk's facts at `depth`, the others' at random depths."""
+        out = []
+        for i in range(self.num_chunks):
+            depth = self.depth if i == self.target else self.rng.random()
+            out.append(build_chunk(self.rng, self.pool, style, self.split_index, facts.get(i, []), depth,
+                                   self.chunk_tokens, self.count_tokens))
+        return tuple(out)
+
+    def others(self) -> list[int]:
+        return [i for i in range(self.num_chunks) if i != self.target]
+
+    def spread(self, count: int) -> list[int]:
+        """Chunks for `count` facts: the target's first, then the other chunks in turn."""
+        others = self.others() or [self.target]
+        return [self.target] + [others[n % len(others)] for n in range(count - 1)]
+
+
+@dataclass(frozen=True)
+class Task:
+    chunks: tuple[str, ...]
+    question: str
+    answers: tuple[str, ...]
+    system_prompt: str = ""
+    max_new_tokens: int = 24
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    description: str  # one line, for the README
+    make: Callable[[Draw], Task]
+    min_chunks: int = 1
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def family(name: str, description: str, min_chunks: int = 1):
+    def add(make: Callable[[Draw], Task]) -> Callable[[Draw], Task]:
+        if name in FAMILIES:
+            raise ValueError(f"family {name!r} registered twice")
+        FAMILIES[name] = Family(name, description, make, min_chunks)
+        return make
+    return add
+
+
+def _side_fact(d: Draw, entity: str, kind: str) -> str:
+    """A fact about another entity that is not a code (so only one code is in the prompt)."""
+    pool = d.pool
+    if d.rng.random() < 0.5:
+        return pool.attributes[2][1].format(entity=entity, kind=kind, value=d.rng.choice(pool.colours))
+    return pool.attributes[3][1].format(entity=entity, kind=kind, value=d.rng.choice(pool.places))
+
+
+def _code_fact(d: Draw, entity: str, kind: str, code: str) -> str:
+    return d.rng.choice(d.pool.code_fact).format(entity=entity, kind=kind, code=code)
+
+
+def _code_question(d: Draw, entity: str, kind: str) -> str:
+    return d.rng.choice(d.pool.code_question).format(entity=entity, kind=kind)
+
+
+@family("single_needle", "RULER NIAH single: one code in repeated noise sentences, asked by its entity")
+def single_needle(d: Draw) -> Task:
+    entity, kind, code = d.entities(1)[0], d.kind(), d.code()
+    chunks = d.chunks({d.target: [_code_fact(d, entity, kind, code)]}, style="noise")
+    return Task(chunks, _code_question(d, entity, kind), (code,))
+
+
+@family("multi_key", "RULER multikey: codes of four entities, same template, in different chunks; one asked")
+def multi_key(d: Draw) -> Task:
+    kind = d.kind()
+    holders = [d.target] + d.rng.sample(d.others(), min(3, len(d.others())))
+    names = d.entities(len(holders))
+    codes = [d.code() for _ in names]
+    facts = {chunk: [_code_fact(d, names[n], kind, codes[n])] for n, chunk in enumerate(holders)}
+    return Task(d.chunks(facts), _code_question(d, names[0], kind), (codes[0],))
+
+
+@family("multi_value", "RULER multivalue: several attributes of one entity, others' alike elsewhere; one asked")
+def multi_value(d: Draw) -> Task:
+    kind, pool = d.kind(), d.pool
+    names = d.entities(min(d.num_chunks, 4))
+    asked = d.rng.randrange(len(pool.attributes))
+    facts: dict[int, list[str]] = {}
+    answer = ""
+    for name, chunk in zip(names, d.spread(len(names))):
+        values = [d.rng.choice(pool.people), d.code(), d.rng.choice(pool.colours), d.rng.choice(pool.places)]
+        lines = [template.format(entity=name, kind=kind, value=v) for (_, template, _), v in zip(pool.attributes, values)]
+        facts.setdefault(chunk, []).append(" ".join(lines))
+        if not answer:
+            answer = values[asked]
+    question = pool.attributes[asked][2].format(entity=names[0], kind=kind)
+    return Task(d.chunks(facts), question, (answer,))
+
+
+@family("multi_query", "RULER multiquery: the codes of two entities, in different chunks, asked in one question",
+        min_chunks=2)
+def multi_query(d: Draw) -> Task:
+    kind = d.kind()
+    holders = [d.target, d.rng.choice(d.others())]
+    names = d.entities(d.num_chunks)
+    codes = [d.code() for _ in holders]
+    facts = {chunk: [_code_fact(d, names[n], kind, codes[n])] for n, chunk in enumerate(holders)}
+    for i in range(d.num_chunks):
+        facts.setdefault(i, [_side_fact(d, names[i], kind)])
+    question = d.pool.pair_question.format(a=names[0], b=names[1], kind=kind)
+    return Task(d.chunks(facts), question, tuple(codes), max_new_tokens=40)
+
+
+@family("near_duplicate", "overlapping retrieved passages: chunks repeat half of their neighbour's sentences",
+        min_chunks=2)
+def near_duplicate(d: Draw) -> Task:
+    kind = d.kind()
+    names = d.entities(d.num_chunks)
+    codes = [d.code() for _ in names]
+    # halves h_0..h_N, chunk i = h_i + h_{i+1}: entity i's fact (in h_i) is in chunks i-1 and i
+    halves = []
+    for i in range(d.num_chunks + 1):
+        facts = [_code_fact(d, names[i], kind, codes[i])] if i < d.num_chunks else []
+        depth = d.depth if i == d.target else d.rng.random()
+        halves.append(build_chunk(d.rng, d.pool, "prose", d.split_index, facts, depth, d.chunk_tokens // 2,
+                                  d.count_tokens))
+    chunks = tuple(halves[i] + " " + halves[i + 1] for i in range(d.num_chunks))
+    return Task(chunks, _code_question(d, names[d.target], kind), (codes[d.target],))
+
+
+@family("cross_chunk", "a fact split across a chunk boundary: entity ends one chunk, its code opens the next",
+        min_chunks=2)
+def cross_chunk(d: Draw) -> Task:
+    kind, pool = d.kind(), d.pool
+    target = min(d.target, d.num_chunks - 2)  # the code opens the chunk after the one that names the entity
+    names = d.entities(d.num_chunks)
+    codes = [d.code() for _ in names]
+    distractor = d.rng.choice([i for i in range(d.num_chunks) if i not in (target, target + 1)] or [-1])
+    chunks = []
+    for i in range(d.num_chunks):
+        head = [codes[target] + "."] if i == target + 1 else []
+        tail = [pool.split_fact.format(entity=names[target], kind=kind)] if i == target else []
+        # one other code in the prompt (a distractor of the same kind), side facts elsewhere
+        own = [] if i in (target, target + 1) else [
+            _code_fact(d, names[i], kind, codes[i]) if i == distractor else _side_fact(d, names[i], kind)]
+        body = build_chunk(d.rng, pool, "prose", d.split_index, own, d.rng.random(), d.chunk_tokens - 10,
+                           d.count_tokens)
+        chunks.append(" ".join(head + [body] + tail))
+    return Task(tuple(chunks), _code_question(d, names[target], kind), (codes[target],))
+
+
+@family("system_prompt", "the answer is only in the system prompt (a persona's name or an instruction's code)")
+def system_prompt(d: Draw) -> Task:
+    pool, kind = d.pool, d.kind()
+    names = d.entities(d.num_chunks + 1)
+    facts = {i: [_code_fact(d, names[i + 1], kind, d.code())] for i in range(d.num_chunks)}
+    if d.rng.random() < 0.5:
+        person = d.rng.choice(pool.people)
+        system = pool.persona.format(person=person, entity=names[0], kind=kind, place=d.rng.choice(pool.places))
+        return Task(d.chunks(facts), pool.persona_question, (person.split()[0],), system_prompt=system)
+    code = d.code()
+    return Task(d.chunks(facts), pool.duty_question, (code,), system_prompt=pool.duty.format(code=code))
+
+
+@family("table", "a list of records, one line per entity with its code; one entity's code asked")
+def table(d: Draw) -> Task:
+    kind, pool = d.kind(), d.pool
+    names = d.entities(min(4, d.num_chunks))
+    facts: dict[int, list[str]] = {}
+    codes = [d.code() for _ in names]
+    for n, (name, chunk) in enumerate(zip(names, d.spread(len(names)))):
+        facts.setdefault(chunk, []).append(pool.record.format(entity=name, kind=kind, code=codes[n],
+                                                              town=d.rng.choice(pool.places)))
+    return Task(d.chunks(facts, style="table"), pool.table_question.format(entity=names[0], kind=kind), (codes[0],))
+
+
+@family("code", "configuration-like code lines, one per site; one site's number asked")
+def code(d: Draw) -> Task:
+    pool = d.pool
+    holders = [d.target] + d.rng.sample(d.others(), min(3, len(d.others())))
+    keys = [f"{n.lower()}_{d.kind()}" for n in d.entities(len(holders))]
+    codes = [d.code() for _ in holders]
+    facts = {chunk: [pool.code_line.format(key=keys[n], code=codes[n])] for n, chunk in enumerate(holders)}
+    return Task(d.chunks(facts, style="code"), pool.config_question.format(key=keys[0]), (codes[0],))
+
+
+@family("prose_needle", "one code fact in real English technical prose (Python's language reference)")
+def prose_needle(d: Draw) -> Task:
+    entity, kind, code = d.entities(1)[0], d.kind(), d.code()
+    chunks = d.chunks({d.target: [_code_fact(d, entity, kind, code)]}, style="docs")
+    return Task(chunks, _code_question(d, entity, kind), (code,))
+
+
+@family("passkey", "legacy eviction bench: a pass key said twice in noise, the question announces it")
+def passkey(d: Draw) -> Task:
+    key = d.code()
+    needle = d.pool.passkey_needle.format(key=key)
+    return Task(d.chunks({d.target: [needle]}, style="noise"), d.pool.passkey_question, (key,),
+                system_prompt=d.pool.assistant, max_new_tokens=14)
+
+
+@family("archive_code", "legacy blend bench: the prompt's only code, other chunks hold other kinds of facts")
+def archive_code(d: Draw) -> Task:
+    kind = d.kind()
+    names = d.entities(d.num_chunks)
+    code = d.code()
+    facts = {i: [_code_fact(d, names[i], kind, code) if i == d.target else _side_fact(d, names[i], kind)]
+             for i in range(d.num_chunks)}
+    return Task(d.chunks(facts), _code_question(d, names[d.target], kind), (code,))

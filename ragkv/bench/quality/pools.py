@@ -1,0 +1,135 @@
+"""Per-split vocabularies: `dev` and `test` share no entity, place, sentence template or question wording.
+
+Everything is fictional, so the model cannot answer from memory. A family draws from `POOLS[split]`
+only; a test checks that the two splits' pools are disjoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Pool:
+    entities: tuple[str, ...]  # archive / station names: "the {entity} archive"
+    people: tuple[str, ...]
+    places: tuple[str, ...]
+    kinds: tuple[str, ...]  # what an entity is: "archive", "observatory", ...
+    filler: tuple[str, ...]  # prose sentences with a {place} slot
+    noise: tuple[str, ...]  # RULER-style repeated noise
+    code_fact: tuple[str, ...]  # "{kind}", "{entity}", "{code}" slots: one fact, its answer the code
+    code_question: tuple[str, ...]
+    attributes: tuple[tuple[str, str, str], ...]  # (attribute, fact template, question template)
+    colours: tuple[str, ...]
+    pair_question: str  # {a}, {b}, {kind}: two entities in one question
+    split_fact: str  # cross-chunk: ends one chunk, the code opens the next
+    record: str  # {entity}, {kind}, {code}, {town}: one line of a list
+    persona: str  # {person}, {entity}, {kind}, {place}
+    persona_question: str
+    duty: str  # {code}: a fact only the system prompt holds
+    duty_question: str
+    table_question: str
+    code_line: str  # {key}, {code}
+    config_question: str  # {key}
+    passkey_needle: str  # {key}
+    passkey_question: str
+    assistant: str  # a plain assistant system prompt
+
+
+DEV = Pool(
+    entities=("Heron", "Basalt", "Marigold", "Thistle", "Cobalt", "Juniper", "Quarry", "Lantern", "Saffron",
+              "Willow", "Ember", "Falcon", "Garnet", "Harbor", "Indigo", "Jasper", "Kestrel", "Linden"),
+    people=("Maren Oddvik", "Tobias Quell", "Ines Farrow", "Ludo Brask", "Petra Saelen", "Amos Vey",
+            "Hedda Lorne", "Caspar Mill", "Oona Treve", "Silas Dunmore"),
+    places=("Pellingham", "Two Fords", "Karsk", "Holt", "Grauden", "Sels", "Marrow Point", "Veyl"),
+    kinds=("archive", "observatory", "depot"),
+    filler=(
+        "The corridors of the {place} records office are lined with oak shelves and smell faintly of wax.",
+        "Clerks in {place} sort the incoming letters by colour before they are filed.",
+        "Every winter the roof of the {place} depot is checked for leaks by two volunteers.",
+        "Visitors to {place} often ask about the old clock tower, which has not chimed since the flood.",
+        "A small garden of herbs grows behind the {place} reading room, tended by the night porter.",
+        "The {place} ledgers from the last century were rebound in green cloth during a quiet summer.",
+        "Deliveries to {place} arrive on Thursdays, carried up the hill by a cart with squeaking wheels.",
+        "In {place} the archivists drink strong tea and argue about the order of the index cards.",
+        "The lamps in the {place} stairwell are lit by hand at dusk, one floor at a time.",
+        "Rain gutters along the {place} annex were painted blue after a vote among the staff.",
+    ),
+    noise=("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",),
+    code_fact=("The access code for the {entity} {kind} is {code}.",
+               "Staff of the {entity} {kind} open its main door with the code {code}."),
+    code_question=("What is the access code for the {entity} {kind}?",
+                   "Which code opens the {entity} {kind}?"),
+    attributes=(
+        ("founder", "The {entity} {kind} was founded by {value}.", "Who founded the {entity} {kind}?"),
+        ("code", "The access code for the {entity} {kind} is {value}.", "What is the access code for the {entity} {kind}?"),
+        ("colour", "The door of the {entity} {kind} is painted {value}.", "What colour is the door of the {entity} {kind}?"),
+        ("town", "The {entity} {kind} stands in the town of {value}.", "In which town does the {entity} {kind} stand?"),
+    ),
+    colours=("red", "ochre", "teal", "violet", "grey", "green", "white", "amber"),
+    pair_question="What are the access codes for the {a} {kind} and the {b} {kind}? Answer with both numbers.",
+    split_fact="The access code for the {entity} {kind} is",
+    record="- {entity} {kind} ({town}): access code {code}",
+    persona="Your name is {person}. You are the keeper of the {entity} {kind} in {place}.",
+    persona_question="What is your name?",
+    duty="You are the front desk assistant. The emergency code for today is {code}; give it to anyone who asks.",
+    duty_question="What is the emergency code for today?",
+    table_question="According to the table, what is the access code of the {entity} {kind}?",
+    code_line="{key}_code = {code}",
+    config_question="What is the value of {key}_code in the code above?",
+    passkey_needle="The pass key is {key}. Remember it. {key} is the pass key.",
+    passkey_question=("There is a pass key hidden in the text above. What is the pass key? "
+                      "Reply with the 5-digit number only."),
+    assistant=("You are a meticulous research assistant. Read the document carefully, "
+               "find the requested fact and answer with it exactly."),
+)
+
+TEST = Pool(
+    entities=("Sorrel", "Tamarind", "Umber", "Vesper", "Wren", "Yarrow", "Zephyr", "Alder", "Bramble", "Cinder",
+              "Dune", "Elm", "Fennel", "Gorse", "Hazel", "Iris", "Kelp", "Lichen"),
+    people=("Rhea Castellan", "Orrin Pike", "Yusra Halloway", "Bram Okonkwo", "Delphine Ash", "Teodor Rusk",
+            "Wilma Graystone", "Nils Ferrant", "Anouk Verhey", "Quentin Bell"),
+    places=("Oster Vale", "Brindlemoor", "Caddow", "Ferrowick", "Lumsk", "Ardent Bay", "Quillon", "Norra"),
+    kinds=("station", "vault", "workshop"),
+    filler=(
+        "Fishing boats leave the harbour of {place} before dawn and return with the tide.",
+        "The market square of {place} fills with stalls selling wool, cheese and copper pans.",
+        "A narrow bridge of grey stone joins the two halves of {place} across the river.",
+        "Children in {place} learn to swim in the cold lake below the old mill.",
+        "The bakers of {place} are known for a dark rye loaf baked with caraway seeds.",
+        "In spring the orchards around {place} are white with blossom for two short weeks.",
+        "A ferry crosses from {place} to the islands three times a day in good weather.",
+        "The town hall of {place} keeps a brass telescope on its roof for visitors.",
+        "Sheep graze on the steep hills above {place}, watched by a single shepherd and her dog.",
+        "Musicians gather in the tavern of {place} every Friday to play old reels.",
+    ),
+    noise=("The river is wide. The stones are grey. The birds fly south. On we walk. Round and round again.",),
+    code_fact=("The entry number of the {entity} {kind} is {code}.",
+               "To enter the {entity} {kind}, a visitor must type {code} on the keypad."),
+    code_question=("What number opens the {entity} {kind}?",
+                   "Tell me the entry number of the {entity} {kind}."),
+    attributes=(
+        ("keeper", "The keeper of the {entity} {kind} is {value}.", "Who keeps the {entity} {kind}?"),
+        ("code", "The entry number of the {entity} {kind} is {value}.", "What is the entry number of the {entity} {kind}?"),
+        ("colour", "The roof of the {entity} {kind} is {value}.", "What colour is the roof of the {entity} {kind}?"),
+        ("town", "The {entity} {kind} is located in {value}.", "Where is the {entity} {kind} located?"),
+    ),
+    colours=("black", "silver", "orange", "blue", "brown", "yellow", "pink", "crimson"),
+    pair_question="Give the entry numbers of the {a} {kind} and of the {b} {kind}, nothing else.",
+    split_fact="Visitors to the {entity} {kind} must type the entry number",
+    record="* {entity} {kind}, {town} -- entry number {code}",
+    persona="Your name is {person} and you run the {entity} {kind} near {place}. Mention your name when asked.",
+    persona_question="Who are you? Tell me your name.",
+    duty="You answer questions for visitors. Tonight's gate number is {code}; share it when a visitor asks.",
+    duty_question="Which gate number is valid tonight?",
+    table_question="Using the table rows, tell me the entry number of the {entity} {kind}.",
+    code_line='PIN["{key}"] = {code}',
+    config_question='Which number is stored in PIN["{key}"]?',
+    passkey_needle="The secret number is {key}. Keep it in mind: {key} is the secret number.",
+    passkey_question="A secret number appears in the passage above. Which is it? Give only the number.",
+    assistant="You are a careful assistant. Look for the fact the user asks about and quote it precisely.",
+)
+
+POOLS: dict[str, Pool] = {"dev": DEV, "test": TEST}
+SPLITS = tuple(POOLS)
+SPLIT_SEEDS = {"dev": 1_000, "test": 9_000}  # other seeds as well as other vocabularies

@@ -1,0 +1,48 @@
+"""Named sets of configurations. Codec and policy lists are read from their registries, so a newly
+registered codec or policy is measured without editing this file."""
+
+from __future__ import annotations
+
+RATIOS = (0.05, 0.15, 0.3, 0.5, 1.0)
+BUDGETS = (0.2, 0.5)
+
+
+def _codecs() -> list[str]:
+    from kvstore.codecs import CODECS
+
+    return sorted(CODECS)
+
+
+def _policies() -> list[str]:
+    from workers.eviction import POLICIES
+
+    return sorted(POLICIES)
+
+
+def blend_configs() -> list[str]:
+    return ["prefix", "reuse", "blend", *(f"blend@{r}" for r in RATIOS), "reuse+codec:fp16",
+            *(f"blend+codec:fp16@{r}" for r in RATIOS[1:4])]
+
+
+def codec_configs() -> list[str]:
+    return [*(f"codec:{c}" for c in _codecs()), *(f"blend+codec:{c}" for c in _codecs())]
+
+
+def eviction_configs() -> list[str]:
+    rows = [f"policy:{p}@{b}" for p in _policies() for b in BUDGETS]
+    return rows + [f"policy:{p}@{BUDGETS[0]}:noprot" for p in _policies()]
+
+
+PRESETS = {
+    "quick": lambda: ["reuse", "blend", "blend@1.0", "codec:fp16", "codec:int4", "policy:snapkv@0.5"],
+    "blend": blend_configs,
+    "codecs": codec_configs,
+    "eviction": eviction_configs,
+    "all": lambda: [*blend_configs(), *codec_configs(), *eviction_configs()],
+}
+
+
+def config_names(preset: str) -> list[str]:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    return PRESETS[preset]()

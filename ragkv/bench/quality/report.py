@@ -1,0 +1,130 @@
+"""Readable output of a quality run: a Markdown table per family and PNG plots (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+RATIO_RE = re.compile(r"^blend@([0-9.]+)$")
+POLICY_RE = re.compile(r"^policy:([a-z0-9_]+)@([0-9.]+)$")
+CODEC_RE = re.compile(r"^codec:([a-z0-9_]+)$")
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Quality suite, split `{result['split']}` (codec for blend/reuse: {result['codec']})", ""]
+    sections = {"overall (mean over families)": {"n": result["prompts"], **result["overall"]}}
+    sections.update(result["families"])
+    for family, data in sections.items():
+        head = f"## {family}"
+        if "prompt_tokens" in data:
+            head += f" — {data['n']} prompts, ~{data['prompt_tokens']} tokens"
+        lines += [head, "", "| config | accuracy | agreement with full | KL vs full |", "|---|---|---|---|"]
+        for name in result["configs"]:
+            lines.append(f"| {name} | {data['accuracy'][name]:.2f} | {data['agreement_vs_full'][name]:.2f} "
+                         f"| {data['kl_vs_full'][name]:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def codec_bytes_per_token(name: str) -> float:
+    """Stored payload bytes per token for the default model's shape (30 layers, 3 kv heads, head_dim 64)."""
+    from kvstore.codecs import make_codec
+
+    tokens = 256
+    return make_codec(name).payload_size((30, 3, tokens, 64)) / tokens
+
+
+def write_plots(result: dict, directory: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [p for p in (_ratio_plot(result, out), _codec_plot(result, out), _budget_plot(result, out)) if p]
+    return [str(p) for p in written]
+
+
+def _series(result: dict, pattern: re.Pattern) -> list[tuple[tuple, str]]:
+    return [(m.groups(), name) for name in result["configs"] if (m := pattern.match(name))]
+
+
+def _ratio_plot(result: dict, out: Path) -> Path | None:
+    import matplotlib.pyplot as plt
+
+    points = sorted((float(g[0]), name) for g, name in _series(result, RATIO_RE))
+    if not points:
+        return None
+    groups = {"mean": result["overall"], **result["families"]}
+    cols = 4
+    rows = (len(groups) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax, (family, data) in zip(axes.flat, groups.items()):
+        acc = data["accuracy"]
+        ax.plot([r for r, _ in points], [acc[n] for _, n in points], "o-", label="blend")
+        if "reuse" in acc:
+            ax.axhline(acc["reuse"], color="tab:orange", linestyle="--", label="reuse")
+        ax.axhline(acc["full"], color="tab:green", linestyle=":", label="full")
+        ax.set_title(family, fontsize=9)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel("recompute ratio", fontsize=8)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"accuracy vs recompute ratio ({result['split']}, codec {result['codec']})")
+    fig.tight_layout()
+    path = out / "accuracy_vs_ratio.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _codec_plot(result: dict, out: Path) -> Path | None:
+    import matplotlib.pyplot as plt
+
+    codecs = [g[0] for g, _ in _series(result, CODEC_RE)]
+    if not codecs:
+        return None
+    acc = result["overall"]["accuracy"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for codec in codecs:
+        x = codec_bytes_per_token(codec)
+        ax.scatter([x], [acc[f"codec:{codec}"]], color="tab:blue")
+        ax.annotate(codec, (x, acc[f"codec:{codec}"]), fontsize=8)
+        if f"blend+codec:{codec}" in acc:
+            ax.scatter([x], [acc[f"blend+codec:{codec}"]], color="tab:red", marker="x")
+    ax.axhline(acc["full"], color="tab:green", linestyle=":", label="full")
+    ax.set_xscale("log")
+    ax.set_xlabel("stored bytes per token")
+    ax.set_ylabel("accuracy (mean over families)")
+    ax.set_title(f"codecs: codec-only (o) and under blend (x), {result['split']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "accuracy_vs_bytes.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _budget_plot(result: dict, out: Path) -> Path | None:
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[float, str]]] = {}
+    for (policy, budget), name in _series(result, POLICY_RE):
+        series.setdefault(policy, []).append((float(budget), name))
+    if not series:
+        return None
+    acc = result["overall"]["accuracy"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy, points in sorted(series.items()):
+        points.sort()
+        ax.plot([b for b, _ in points], [acc[n] for _, n in points], "o-", label=policy)
+    ax.axhline(acc["full"], color="black", linestyle=":", label="full")
+    ax.set_xlabel("budget (fraction of prompt tokens kept)")
+    ax.set_ylabel("accuracy (mean over families)")
+    ax.set_title(f"eviction with protection, {result['split']}")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out / "accuracy_vs_budget.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

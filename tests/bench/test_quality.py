@@ -1,0 +1,127 @@
+"""The quality suite: held-out split discipline, checkable answers, exact configs, the quick CLI run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from ragkv.bench.quality.configs import BlendCodec, CodecOnly, Eviction, Reuse, parse_config
+from ragkv.bench.quality.families import FAMILIES, answer_found
+from ragkv.bench.quality.pools import POOLS
+from ragkv.bench.quality.prompts import SIZES, make_prompts
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def count_words(text: str) -> int:  # a tokenizer-free stand-in: the prompt shapes need only a count
+    return len(text.split()) * 4 // 3
+
+
+@pytest.fixture(scope="module")
+def both_splits():
+    return {split: make_prompts(split, count_words, per_family=6, sizes=(500, 1100)) for split in POOLS}
+
+
+def test_splits_share_no_prompt_and_no_vocabulary(both_splits):
+    dev, test = both_splits["dev"], both_splits["test"]
+    assert len(dev) == len(test) == len(FAMILIES) * 6 * 2
+    prompt_text = lambda p: (p.system_prompt, p.chunks, p.question)  # noqa: E731
+    assert not {prompt_text(p) for p in dev} & {prompt_text(p) for p in test}
+    assert not {c for p in dev for c in p.chunks} & {c for p in test for c in p.chunks}
+    assert not {p.question for p in dev} & {p.question for p in test}
+    for f in fields(POOLS["dev"]):
+        a, b = getattr(POOLS["dev"], f.name), getattr(POOLS["test"], f.name)
+        a, b = (set(a), set(b)) if isinstance(a, tuple) else ({a}, {b})
+        assert not a & b, f"pool field {f.name} shared by dev and test: {a & b}"
+
+
+def test_prompts_are_deterministic():
+    assert make_prompts("test", count_words, per_family=2) == make_prompts("test", count_words, per_family=2)
+
+
+def test_every_family_has_a_checkable_answer(both_splits):
+    for prompts in both_splits.values():
+        for p in prompts:
+            text = " ".join((p.system_prompt, *p.chunks))
+            assert p.answers and all(answer_found(a, text) for a in p.answers), (p.family, p.answers)
+            assert p.correct("Answer: " + " and ".join(p.answers) + ".")
+            assert not p.correct("I do not know.")
+            if p.answers[0].isdigit():  # a longer number that merely contains the code is wrong
+                assert not p.correct("1" + p.answers[0] + "1")
+
+
+def test_positions_and_depths_are_swept(both_splits):
+    prompts = [p for p in both_splits["dev"] if p.family.startswith("single_needle")]
+    assert {p.position for p in prompts} == {"first", "middle", "last"}
+    assert len({p.depth for p in prompts}) >= 2
+
+
+def test_prompt_sizes_reach_their_targets(runner):
+    count = lambda text: len(runner.tokenize(text))  # noqa: E731
+    from ragkv.bench.quality.evaluate import PromptContext
+
+    for size in (500, 1100):
+        for p in make_prompts("dev", count, ["multi_key", "table"], per_family=1, sizes=(size,)):
+            n = PromptContext(runner, p, "fp16", []).layout.num_tokens
+            assert 0.8 * size <= n <= 1.1 * size, (p.family, size, n)
+            assert len(p.chunks) == SIZES[size][0]
+
+
+def test_config_names_parse_and_bad_names_are_rejected():
+    assert isinstance(parse_config("reuse"), Reuse)
+    assert parse_config("blend@0.3").blend_config().recompute_ratio == 0.3
+    assert isinstance(parse_config("blend+codec:int4@0.15"), BlendCodec)
+    assert parse_config("codec:int4").codec == "int4" and isinstance(parse_config("codec:int4"), CodecOnly)
+    evict = parse_config("policy:snapkv@0.2:noprot")
+    assert isinstance(evict, Eviction) and evict.budget == 0.2 and not evict.protect
+    assert parse_config("policy:tova@64").budget == 64
+    for bad in ("bogus", "blend@1.5", "codec", "policy:snapkv", "full@0.3", "reuse:x"):
+        with pytest.raises(ValueError):
+            parse_config(bad)
+
+
+def test_exact_configs_agree_with_full(runner):
+    """blend at ratio 1 is a full prefill and fp16 codec-only is lossless at this precision: agreement 1."""
+    from ragkv.bench.quality.evaluate import evaluate_prompt
+
+    count = lambda text: len(runner.tokenize(text))  # noqa: E731
+    configs = [parse_config(n) for n in ("full", "blend@1.0", "codec:fp16", "reuse")]
+    for p in make_prompts("dev", count, ["single_needle", "cross_chunk"], per_family=1, sizes=(500,)):
+        out = evaluate_prompt(runner, p, configs, codec="int4")
+        assert out["blend@1.0"].agree and out["codec:fp16"].agree, p.family
+        assert out["blend@1.0"].kl < 1e-3 and out["codec:fp16"].kl < 1e-2
+        assert out["reuse"].kl > 1e-3  # reuse really differs: the comparison can fail
+
+
+def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path):
+    from ragkv.bench import quality
+
+    result = quality.run(quick=True, progress=False, per_family=1, plots=str(tmp_path / "plots"),
+                         report=str(tmp_path / "q.md"))
+    json.dumps(result)
+    assert result["split"] == "dev" and result["available_splits"] == ["dev", "test"]
+    assert len(result["families"]) >= 8
+    for data in result["families"].values():
+        assert data["n"] >= 1 and data["prompt_tokens"] > 0
+        for metric in ("accuracy", "agreement_vs_full", "kl_vs_full"):
+            assert set(data[metric]) == set(result["configs"])
+        assert data["agreement_vs_full"]["full"] == 1.0 and data["agreement_vs_full"]["blend@1.0"] == 1.0
+    assert any(p.endswith(".png") and Path(p).stat().st_size > 0 for p in result["plots"])
+    assert "## single_needle" in (tmp_path / "q.md").read_text()
+
+
+@pytest.mark.parametrize("split", ["dev", "test"])
+def test_committed_full_runs_cover_every_family_with_a_useful_full_prefill(split):
+    """The committed full runs (docs/results/quality-SPLIT.json) are current and every family is a
+    useful signal: the model itself answers it at least half the time with a full prefill."""
+    path = RESULTS / f"quality-{split}.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} not committed yet")
+    result = json.loads(path.read_text())
+    assert result["split"] == split
+    assert set(result["families"]) == set(FAMILIES)
+    for family, data in result["families"].items():
+        assert data["full_accuracy"] >= 0.5, f"{family}: full prefill {data['full_accuracy']:.2f}"
