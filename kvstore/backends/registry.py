@@ -1,4 +1,4 @@
-"""Backends by URL scheme: `disk:PATH`, `redis://` / `rediss://`, `memory:`.
+"""Backends by URL scheme: `disk:PATH`, `redis://` / `rediss://`, `redis+cluster://` / `rediss+cluster://`, `memory:`.
 
 Modules are imported lazily so `import kvstore` does not pull in redis-py.
 """
@@ -11,7 +11,8 @@ from kvstore.backends.base import Backend
 
 BACKENDS: dict[str, type[Backend]] = {}
 _MODULES = {"disk": "kvstore.backends.disk", "redis": "kvstore.backends.redis_backend",
-            "rediss": "kvstore.backends.redis_backend", "memory": "kvstore.backends.memory"}
+            "rediss": "kvstore.backends.redis_backend", "memory": "kvstore.backends.memory",
+            "redis+cluster": "kvstore.backends.redis_cluster", "rediss+cluster": "kvstore.backends.redis_cluster"}
 
 
 def register_backend(*schemes: str):
@@ -22,9 +23,16 @@ def register_backend(*schemes: str):
     return wrap
 
 
-def open_backend(url: str, budget_bytes: int | None = None) -> Backend:
+def url_scheme(url: str) -> str:
+    """The backend scheme of a store URL; ValueError when no backend serves it (nothing is opened)."""
     scheme = url.split(":", 1)[0].lower()
     if scheme not in _MODULES:
-        raise ValueError(f"unknown store URL scheme {scheme!r}: use disk:PATH, redis://HOST:PORT/DB or memory:")
+        raise ValueError(f"unknown store URL scheme {scheme!r}: use disk:PATH, redis://HOST:PORT/DB, "
+                         "redis+cluster://HOST:PORT[,HOST:PORT...] or memory:")
+    return scheme
+
+
+def open_backend(url: str, budget_bytes: int | None = None) -> Backend:
+    scheme = url_scheme(url)
     importlib.import_module(_MODULES[scheme])
     return BACKENDS[scheme].from_url(url, budget_bytes=budget_bytes)

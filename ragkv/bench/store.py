@@ -11,7 +11,9 @@ codec (kivi2). Then, in one run and on the same bytes:
     raw_put_mb_s  open/write/close of a plain file (no fsync) | redis-py SET
     raw_get_mb_s  open/read of that file | redis-py GET
 MB = 1e6 bytes of block. The redis figures come from a redis-server started
-for the run on a free loopback port.
+for the run on a free loopback port. The `redis+cluster-N` rows do the same on
+a Redis Cluster of N primaries (no replicas) started on loopback for the run,
+the raw figures through a plain redis-py `RedisCluster` GET/SET.
 """
 
 from __future__ import annotations
@@ -21,17 +23,19 @@ import time
 from pathlib import Path
 
 import redis
+import redis.cluster
 from tqdm import tqdm
 
 from kvstore.backends import open_backend
 from kvstore.block import read_header
 from kvstore.codecs import make_codec
 from kvstore.store import BlockStore
-from kvstore.testing import RedisServer
+from kvstore.testing import RedisCluster, RedisServer
 from ragkv.bench.codecs import FULL_TOKENS, QUICK_TOKENS, real_chunks
 
 
 GET_ROUNDS = 10  # reads per write: a cache serves many hits per block, and one read is too short to time
+CLUSTER_PRIMARIES = (1, 3)
 
 
 def _rate(nbytes: int, seconds: float) -> float:
@@ -75,6 +79,7 @@ def _raw_redis(client):
 
 
 def _bench_backend(store: BlockStore, raw_put, raw_get, blocks, reps: int) -> dict:
+    store.get_raw(blocks[0][0])  # connect first (a cluster client discovers the slot map on first use)
     figures = {"put_mb_s": _time_puts(store.put_raw, blocks, reps), "raw_put_mb_s": _time_puts(raw_put, blocks, reps)}
     gets = _time_gets_interleaved({"get_mb_s": lambda a: read_header(store.get_raw(a)), "raw_get_mb_s": raw_get},
                                   blocks, reps * GET_ROUNDS)
@@ -100,6 +105,13 @@ def run(quick: bool = False, progress: bool = True) -> dict:
                 client = redis.Redis.from_url(server.url)
                 out[name] = _bench_backend(store, *_raw_redis(client), blocks, reps)
                 client.close()
+            store.close()
+    for n in tqdm(CLUSTER_PRIMARIES, desc="redis clusters", disable=not progress):
+        with RedisCluster(primaries=n, replicas=0) as cluster:
+            store = BlockStore(open_backend(cluster.url), codec, fingerprint)
+            client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+            out[f"redis+cluster-{n}"] = _bench_backend(store, *_raw_redis(client), blocks, reps)
+            client.close()
             store.close()
     return out
 

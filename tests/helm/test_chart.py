@@ -271,6 +271,23 @@ def test_external_redis_example_reads_existing_secret_in_cluster_mode():
     assert not [d for d in docs if d["kind"] == "Secret"]
 
 
+def test_redis_cluster_example_puts_the_node_list_in_the_store_secret():
+    from kvstore.backends.redis_cluster import parse_cluster_url
+
+    docs = render("redis-cluster", "externalRedis.password=pa55word")
+    c = server(docs)
+    ref = secret_ref(c, "RAGKV_STORE")
+    secret = one(docs, "Secret", "-store")
+    assert ref["name"] == secret["metadata"]["name"]
+    nodes = yaml.safe_load((CHART / "examples" / "redis-cluster.yaml").read_text())["externalRedis"]["clusterNodes"]
+    url = secret["stringData"][ref["key"]]
+    assert url == "redis+cluster://:pa55word@" + ",".join(nodes)
+    assert parse_cluster_url(url)["nodes"] == [(n.rsplit(":", 1)[0], int(n.rsplit(":", 1)[1])) for n in nodes]
+    assert one(docs, "ConfigMap")["data"]["RAGKV_REDIS_CLUSTER"] == "1"
+    assert "StatefulSet" not in kinds(docs)
+    assert "pa55word" not in yaml.safe_dump([d for d in docs if d["kind"] != "Secret"])
+
+
 # ---- bundled Redis ------------------------------------------------------------------------
 
 def test_bundled_redis_statefulset():
@@ -415,6 +432,11 @@ def test_schema_rejects_bad_values_file():
     (["model.source=pvc", "model.dir=m"], "model.source=pvc needs model.pvc.existingClaim"),
     (["model.source=hostPath"], "needs model.dir"),
     (["externalRedis.cluster=true"], "externalRedis.cluster=true needs the external Redis"),
+    (["redis.enabled=false", "externalRedis.cluster=true", "externalRedis.url=redis://r:6379/0"],
+     "at '/externalRedis/url': 'redis://r:6379/0' does not match pattern"),
+    (["redis.enabled=false", "externalRedis.clusterNodes={r-0:6379}", "externalRedis.url=redis+cluster://r-0:6379"],
+     "give the cluster one way"),
+    (["redis.enabled=false", "externalRedis.clusterNodes={r 0:6379}"], "/externalRedis/clusterNodes/0"),
     (["server.codec=zip"], "/server/codec"),
     (["redis.image.tag=latest"], "/redis/image/tag"),
 ])

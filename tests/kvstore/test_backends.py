@@ -1,4 +1,4 @@
-"""One backend suite for disk, redis and memory; then what only one of them can do."""
+"""One backend suite for disk, redis, redis+cluster and memory; then what only some of them can do."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from kvstore.backends import BackendUnavailable, MemoryBackend, MemoryTier, StoreFullError, open_backend
 
@@ -166,32 +165,42 @@ def test_disk_writer_killed_before_rename_leaves_no_block(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-# -- redis only ------------------------------------------------------------------------------
+# -- redis and redis+cluster only ---------------------------------------------------------------
 
-def test_redis_half_written_block_is_a_miss(redis_url):
-    b = open_backend(redis_url)
-    r = redis.Redis.from_url(redis_url)
-    r.set("ragkv:b:" + key(1), b"data without index")
+@pytest.fixture(params=["redis", "redis+cluster"])
+def redis_family_url(request) -> str:
+    return request.getfixturevalue("redis_url" if request.param == "redis" else "redis_cluster_url")
+
+
+def test_redis_half_written_block_is_a_miss(redis_family_url):
+    b = open_backend(redis_family_url)
+    r, data_key = b.client(), (lambda k: b.bucket(k).data(k))
+    if b.scheme == "redis":
+        assert data_key(key(1)) == "ragkv:b:" + key(1) and b.bucket(key(1)).size == "ragkv:size"  # the layout
+    r.set(data_key(key(1)), b"data without index")
     assert b.get(key(1)) is None and not b.contains(key(1))
     b.put(key(2), b"complete")
-    r.delete("ragkv:b:" + key(2))  # index without data
+    r.delete(data_key(key(2)))  # index without data
     assert b.get(key(2)) is None
     b.put(key(3), b"complete")
-    r.set("ragkv:b:" + key(3), b"short")  # size disagrees with the index
+    r.set(data_key(key(3)), b"short")  # size disagrees with the index
     assert b.get(key(3)) is None
 
 
-def test_redis_down_is_unavailable_and_password_is_redacted(redis_url):
+@pytest.mark.parametrize("url", ["redis://:hunter2@127.0.0.1:{0}/0",
+                                 "redis+cluster://:hunter2@127.0.0.1:{0},127.0.0.1:{1}"])
+def test_redis_down_is_unavailable_and_password_is_redacted(url):
     from kvstore.testing import free_port
 
-    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
-    b = open_backend(url)
+    b = open_backend(url.format(free_port(), free_port()))  # opening needs no server
     assert "hunter2" not in repr(b) and "***" in repr(b)
     with pytest.raises(BackendUnavailable) as exc:
         b.get(key(1))
     assert "hunter2" not in str(exc.value)
     with pytest.raises(BackendUnavailable):
         b.put(key(1), b"x")
+    with pytest.raises(BackendUnavailable):
+        b.stats()
 
 
 def test_unknown_scheme():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import redis
 import torch
 
 from kvstore.backends import open_backend
@@ -38,11 +37,13 @@ def _corrupt(backend_url: str, addr: str, offset: int, tmp_path=None) -> None:
         data = bytearray(path.read_bytes())
         data[offset] ^= 0xFF
         path.write_bytes(bytes(data))
-    elif backend_url.startswith("redis"):
-        r = redis.Redis.from_url(backend_url)
-        data = bytearray(r.get("ragkv:b:" + addr))
+    elif backend_url.startswith("redis"):  # redis:// and redis+cluster://: the value key, index untouched
+        backend = open_backend(backend_url)
+        r, name = backend.client(), backend.bucket(addr).data(addr)
+        data = bytearray(r.get(name))
         data[offset] ^= 0xFF
-        r.set("ragkv:b:" + addr, bytes(data))
+        r.set(name, bytes(data))
+        backend.close()
     else:
         pytest.skip("memory: bytes cannot be damaged in place")
 
@@ -89,4 +90,4 @@ def test_stored_bytes_are_the_block_format(store, real_kv):
     assert header.token_ids == real_kv.token_ids
     rel = (kv.values - real_kv.values).norm() / real_kv.values.norm()
     assert rel < 0.46 and torch.isfinite(kv.keys).all()
-    assert store.evict(addr) and store.get(addr) is None
+    assert store.delete(addr) and store.get(addr) is None

@@ -100,6 +100,20 @@ redis://{{ $host }}:6379/{{ .Values.redis.db }}
 {{- end }}
 {{- end }}
 
+{{/* URL of an external Redis Cluster given by its seed nodes. */}}
+{{- define "ragkv.clusterRedisURL" -}}
+{{- $nodes := join "," .Values.externalRedis.clusterNodes -}}
+{{- if .Values.externalRedis.password -}}
+redis+cluster://:{{ .Values.externalRedis.password | urlquery }}@{{ $nodes }}
+{{- else -}}
+redis+cluster://{{ $nodes }}
+{{- end }}
+{{- end }}
+
+{{- define "ragkv.redisCluster" -}}
+{{- ternary "1" "0" (and (not .Values.redis.enabled) (or .Values.externalRedis.cluster (not (empty .Values.externalRedis.clusterNodes)))) -}}
+{{- end }}
+
 {{- define "ragkv.authSecretName" -}}
 {{- .Values.auth.existingSecret | default (printf "%s-auth" (include "ragkv.fullname" .)) }}
 {{- end }}
