@@ -190,7 +190,10 @@ class Eviction(ConfigKind):
     def prepare(self, ctx) -> Prepared:
         compressor = ctx.compressor(self)
         cache = ctx.full_cache_copy()
-        compressor.prepare(ctx.runner, cache, ctx.layout.token_ids, (0, ctx.layout.suffix_start))  # kvzip's pass
+        # kvzip's reconstruction pass depends on the prompt's full cache only: once per prompt and policy
+        done = ctx.__dict__.setdefault("prepared_scores", {})
+        done[self.policy] = compressor.prepare(ctx.runner, cache, ctx.layout.token_ids, (0, ctx.layout.suffix_start),
+                                               done.get(self.policy))
         stats = compressor.compress(cache)
         return Prepared(ctx.full_logits, cache, compressor.decode_hooks(), stats=stats)
 

@@ -47,7 +47,6 @@ class Draw:
 
     rng: random.Random
     pool: Pool
-    split_index: int
     num_chunks: int
     chunk_tokens: int
     target: int
@@ -73,7 +72,7 @@ class Draw:
         out = []
         for i in range(self.num_chunks):
             depth = self.depth if i == self.target else self.rng.random()
-            out.append(build_chunk(self.rng, self.pool, style, self.split_index, facts.get(i, []), depth,
+            out.append(build_chunk(self.rng, self.pool, style, facts.get(i, []), depth,
                                    self.chunk_tokens, self.count_tokens))
         return tuple(out)
 
@@ -190,7 +189,7 @@ def near_duplicate(d: Draw) -> Task:
     for i in range(d.num_chunks + 1):
         facts = [_code_fact(d, names[i], kind, codes[i])] if i < d.num_chunks else []
         depth = d.depth if i == d.target else d.rng.random()
-        halves.append(build_chunk(d.rng, d.pool, "prose", d.split_index, facts, depth, d.chunk_tokens // 2,
+        halves.append(build_chunk(d.rng, d.pool, "prose", facts, depth, d.chunk_tokens // 2,
                                   d.count_tokens))
     chunks = tuple(halves[i] + " " + halves[i + 1] for i in range(d.num_chunks))
     return Task(chunks, _code_question(d, names[d.target], kind), (codes[d.target],))
@@ -211,7 +210,7 @@ def cross_chunk(d: Draw) -> Task:
         # one other code in the prompt (a distractor of the same kind), side facts elsewhere
         own = [] if i in (target, target + 1) else [
             _code_fact(d, names[i], kind, codes[i]) if i == distractor else _side_fact(d, names[i], kind)]
-        body = build_chunk(d.rng, pool, "prose", d.split_index, own, d.rng.random(), d.chunk_tokens - 10,
+        body = build_chunk(d.rng, pool, "prose", own, d.rng.random(), d.chunk_tokens - 10,
                            d.count_tokens)
         chunks.append(" ".join(head + [body] + tail))
     return Task(tuple(chunks), _code_question(d, names[target], kind), (codes[target],))
@@ -252,10 +251,10 @@ def code(d: Draw) -> Task:
     return Task(d.chunks(facts, style="code"), pool.config_question.format(key=keys[0]), (codes[0],))
 
 
-@family("prose_needle", "one code fact in real English technical prose (Python's language reference)")
+@family("prose_needle", "one code fact in narrative prose about the pool's people (who did what, where, when)")
 def prose_needle(d: Draw) -> Task:
     entity, kind, code = d.entities(1)[0], d.kind(), d.code()
-    chunks = d.chunks({d.target: [_code_fact(d, entity, kind, code)]}, style="docs")
+    chunks = d.chunks({d.target: [_code_fact(d, entity, kind, code)]}, style="story")
     return Task(chunks, _code_question(d, entity, kind), (code,))
 
 

@@ -17,6 +17,8 @@ class Pool:
     kinds: tuple[str, ...]  # what an entity is: "archive", "observatory", ...
     filler: tuple[str, ...]  # prose sentences with a {place} slot
     noise: tuple[str, ...]  # RULER-style repeated noise
+    doings: tuple[str, ...]  # story sentences: "{first name} {doing} in {place} {time}."
+    times: tuple[str, ...]
     code_fact: tuple[str, ...]  # "{kind}", "{entity}", "{code}" slots: one fact, its answer the code
     code_question: tuple[str, ...]
     attributes: tuple[tuple[str, str, str], ...]  # (attribute, fact template, question template)
@@ -56,6 +58,11 @@ DEV = Pool(
         "Rain gutters along the {place} annex were painted blue after a vote among the staff.",
     ),
     noise=("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",),
+    doings=("walked down to the harbour", "sat by the window", "wrote a long letter to an old friend",
+            "mended the fence behind the barn", "read aloud from a book of sea tales", "baked bread for the neighbours",
+            "counted the lanterns along the quay", "argued cheerfully about the weather"),
+    times=("that morning", "before supper", "late in the evening", "on the first day of spring", "after the storm",
+           "while the kettle boiled", "as the bells rang", "during the long winter"),
     code_fact=("The access code for the {entity} {kind} is {code}.",
                "Staff of the {entity} {kind} open its main door with the code {code}."),
     code_question=("What is the access code for the {entity} {kind}?",
@@ -104,6 +111,11 @@ TEST = Pool(
         "Musicians gather in the tavern of {place} every Friday to play old reels.",
     ),
     noise=("The river is wide. The stones are grey. The birds fly south. On we walk. Round and round again.",),
+    doings=("painted the old boat a new colour", "climbed the hill to watch the ships", "taught a child to whistle",
+            "carried water from the well", "played cards with the miller", "planted onions in the garden",
+            "repaired a broken chair", "sang quietly while sweeping the floor"),
+    times=("at dawn", "after lunch", "just before midnight", "in late autumn", "when the fog lifted",
+           "on market day", "while the rain fell", "through the short summer"),
     code_fact=("The entry number of the {entity} {kind} is {code}.",
                "To enter the {entity} {kind}, a visitor must type {code} on the keypad."),
     code_question=("What number opens the {entity} {kind}?",

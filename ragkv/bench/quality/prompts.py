@@ -43,7 +43,7 @@ def make_prompts(split: str, count_tokens, families: list[str] | None = None, pe
                 position = POSITIONS[index % len(POSITIONS)]
                 depth = DEPTHS[(index // len(POSITIONS)) % len(DEPTHS)]
                 seed = SPLIT_SEEDS[split] + zlib.crc32(f"{name}/{size}/{index}".encode())
-                draw = Draw(random.Random(seed), POOLS[split], SPLITS.index(split), max(num_chunks, fam.min_chunks),
+                draw = Draw(random.Random(seed), POOLS[split], max(num_chunks, fam.min_chunks),
                             chunk_tokens, target_chunk(position, num_chunks), depth, count_tokens)
                 task = fam.make(draw)
                 prompts.append(QualityPrompt(family=family_key(name, size, sizes), split=split, index=index,
