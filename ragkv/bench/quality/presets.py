@@ -34,7 +34,7 @@ def eviction_configs() -> list[str]:
 
 
 PRESETS = {
-    "quick": lambda: ["reuse", "blend", "blend@1.0", "codec:fp16", "codec:int4", "policy:snapkv@0.5"],
+    "quick": lambda: ["prefix", "reuse", "blend", "blend@1.0", "codec:fp16", "codec:int4", "policy:snapkv@0.5"],
     "blend": blend_configs,
     "codecs": codec_configs,
     "eviction": eviction_configs,
