@@ -29,21 +29,34 @@ def compression(c: Compression) -> pb.Compression:
         msg.budget_tokens = c.budget
     if c.window is not None:
         msg.window = c.window
+    if isinstance(c.decode_budget, float):
+        msg.decode_budget_fraction = c.decode_budget
+    elif c.decode_budget is not None:
+        msg.decode_budget_tokens = c.decode_budget
+    return msg
+
+
+def ingest_request(texts, pin: bool, namespace: str, compression_: Compression | None) -> pb.IngestRequest:
+    if isinstance(texts, str):
+        texts = [texts]
+    msg = pb.IngestRequest(texts=list(texts), pin=pin, namespace=namespace)
+    if compression_ is not None:
+        msg.compression.CopyFrom(compression(compression_))
     return msg
 
 
 def generate_request(question: str, chunks: Sequence = (), system_prompt: str = "", max_new_tokens: int = 64,
-                     mode: str = "blend", recompute_ratio: float = 0.15, compression_: Compression | None = None,
+                     mode: str = "blend", recompute_ratio: float | None = None, compression_: Compression | None = None,
                      temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
                      namespace: str = "") -> pb.GenerateRequest:
     if isinstance(chunks, (str, ChunkRef)):
         chunks = [chunks]
     msg = pb.GenerateRequest(question=question, chunks=[_chunk(c) for c in chunks], system_prompt=system_prompt,
-                             max_new_tokens=max_new_tokens, mode=mode, recompute_ratio=recompute_ratio,
-                             namespace=namespace)
+                             max_new_tokens=max_new_tokens, mode=mode, namespace=namespace)
     if compression_ is not None:
         msg.compression.CopyFrom(compression(compression_))
-    for name, value in (("temperature", temperature), ("top_p", top_p), ("seed", seed)):
+    for name, value in (("recompute_ratio", recompute_ratio), ("temperature", temperature), ("top_p", top_p),
+                        ("seed", seed)):
         if value is not None:
             setattr(msg, name, value)
     return msg

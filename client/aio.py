@@ -80,16 +80,14 @@ class AsyncRagKVClient:
                                 timeout=timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
-    async def ingest(self, texts: Sequence[str], pin: bool = False, namespace: str = "", *,
-                     timeout: float | None = None) -> list[ChunkRef]:
-        if isinstance(texts, str):
-            texts = [texts]
-        resp = await self._call(self._stub.Ingest, pb.IngestRequest(texts=list(texts), pin=pin, namespace=namespace),
+    async def ingest(self, texts: Sequence[str], pin: bool = False, compression: Compression | None = None,
+                     namespace: str = "", *, timeout: float | None = None) -> list[ChunkRef]:
+        resp = await self._call(self._stub.Ingest, _messages.ingest_request(texts, pin, namespace, compression),
                                 idempotent=True, timeout=timeout)
         return _messages.chunk_refs(resp)
 
     async def generate(self, question: str, chunks: Sequence[str | ChunkRef] = (), system_prompt: str = "",
-                       max_new_tokens: int = 64, mode: str = "blend", recompute_ratio: float = 0.15,
+                       max_new_tokens: int = 64, mode: str = "blend", recompute_ratio: float | None = None,
                        compression: Compression | None = None, *, temperature: float | None = None,
                        top_p: float | None = None, seed: int | None = None, namespace: str = "",
                        timeout: float | None = None) -> GenerateResult:
@@ -99,7 +97,7 @@ class AsyncRagKVClient:
         return _messages.generate_result(resp)
 
     def generate_stream(self, question: str, chunks: Sequence[str | ChunkRef] = (), system_prompt: str = "",
-                        max_new_tokens: int = 64, mode: str = "blend", recompute_ratio: float = 0.15,
+                        max_new_tokens: int = 64, mode: str = "blend", recompute_ratio: float | None = None,
                         compression: Compression | None = None, *, temperature: float | None = None,
                         top_p: float | None = None, seed: int | None = None, namespace: str = "",
                         timeout: float | None = None) -> AsyncGenerateStream:

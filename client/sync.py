@@ -86,16 +86,16 @@ class RagKVClient:
                           timeout=timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
-    def ingest(self, texts: Sequence[str], pin: bool = False, namespace: str = "", *,
-               timeout: float | None = None) -> list[ChunkRef]:
-        if isinstance(texts, str):
-            texts = [texts]
-        resp = self._call(self._stub.Ingest, pb.IngestRequest(texts=list(texts), pin=pin, namespace=namespace),
+    def ingest(self, texts: Sequence[str], pin: bool = False, compression: Compression | None = None,
+               namespace: str = "", *, timeout: float | None = None) -> list[ChunkRef]:
+        """Store each text's KV; `compression` (a query-agnostic policy such as kvzip) stores it already
+        compressed, under an id that includes the spec."""
+        resp = self._call(self._stub.Ingest, _messages.ingest_request(texts, pin, namespace, compression),
                           idempotent=True, timeout=timeout)  # content-addressed: ingesting twice is harmless
         return _messages.chunk_refs(resp)
 
     def generate(self, question: str, chunks: Sequence[str | ChunkRef] = (), system_prompt: str = "",
-                 max_new_tokens: int = 64, mode: str = "blend", recompute_ratio: float = 0.15,
+                 max_new_tokens: int = 64, mode: str = "blend", recompute_ratio: float | None = None,
                  compression: Compression | None = None, *, temperature: float | None = None,
                  top_p: float | None = None, seed: int | None = None, namespace: str = "",
                  timeout: float | None = None) -> GenerateResult:
@@ -104,7 +104,7 @@ class RagKVClient:
         return _messages.generate_result(self._call(self._stub.Generate, request, idempotent=False, timeout=timeout))
 
     def generate_stream(self, question: str, chunks: Sequence[str | ChunkRef] = (), system_prompt: str = "",
-                        max_new_tokens: int = 64, mode: str = "blend", recompute_ratio: float = 0.15,
+                        max_new_tokens: int = 64, mode: str = "blend", recompute_ratio: float | None = None,
                         compression: Compression | None = None, *, temperature: float | None = None,
                         top_p: float | None = None, seed: int | None = None, namespace: str = "",
                         timeout: float | None = None) -> GenerateStream:

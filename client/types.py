@@ -10,17 +10,27 @@ import grpc
 @dataclass(frozen=True)
 class Compression:
     """Token-level KV eviction. `budget`: a float in (0, 1] keeps that fraction of the prompt's
-    tokens, an int keeps that many. Protected tokens (sinks, system prompt) are never evicted."""
+    tokens, an int keeps that many. Protected tokens (sinks, system prompt) are never evicted.
+
+    `decode_budget` (same forms) bounds the cache while decoding; None = the policy's own semantics
+    (prefill presses such as snapkv / kvzip append generated tokens; streaming / h2o / tova keep `budget`).
+    Passed to `ingest(..., compression=...)` with a query-agnostic policy (kvzip), chunks are stored
+    already compressed."""
 
     policy: str
     budget: float | int = 1.0
     sink_tokens: int = 4
     protect_system_prompt: bool = True
     window: int | None = None
+    decode_budget: float | int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)):
-            raise TypeError(f"budget must be a float fraction or an int token count, got {self.budget!r}")
+        for name in ("budget", "decode_budget"):
+            value = getattr(self, name)
+            if name == "decode_budget" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a float fraction or an int token count, got {value!r}")
 
 
 @dataclass(frozen=True)

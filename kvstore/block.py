@@ -5,16 +5,27 @@ Layout (integers little-endian):
     0   magic          4 bytes  b"RKVB"
     4   version        u16      FORMAT_VERSION
     6   flags          u16      bit 0: payload is lz4-compressed (lz4 block format)
+                                bit 1: a compressed chunk (positions section, header "compression")
     8   header_len     u32      <= MAX_HEADER_BYTES
     12  token_count    u32      <= MAX_TOKENS
     16  header         header_len bytes of UTF-8 JSON (see BlockHeader; token ids are not in it)
     ..  token_ids      token_count u32s, each <= MAX_TOKEN_ID
     ..  payload        header["stored_len"] bytes
+    ..  positions      (bit 1 only) layers * kv_heads * slots u32s: the position in the chunk of each
+                       kept slot, per layer and head; PAD_POSITION marks padding (heads keep unequal counts)
     -16 checksum       xxh3-128 over every byte before it (prefix + header + token ids + payload)
 
 Token ids are binary, not JSON: a hit parses them with one array copy and
 checks them with builtin min/max, where a JSON list of 256 ids cost more than
 the checksum (version 1 kept them in the JSON header; it is no longer read).
+
+Version 3 adds pre-RoPE keys (KVQuant): a codec with `pre_rope` stores the keys
+before rotary embedding, so its per-channel quantization sees the un-rotated
+channel structure, and the header carries the RoPE frequencies ("inv_freq",
+[head_dim/2] floats) the keys were un-rotated with. Such a block decodes to a
+ChunkKV with `pre_rope=True`, whose keys are rotated once, at their target
+positions, when they are placed (ChunkKV.keys_at, workers.blend.fuse_chunks).
+Version 2 blocks (no such field) are refused as BlockVersionError: a miss.
 
 A block is decoded only after its lengths add up against the real data size
 and its checksum matches; every failure is a BlockError, never KV. The checksum
@@ -41,11 +52,15 @@ import torch
 import xxhash
 
 from kvstore.codecs import Codec, CodecError, make_codec
+from kvstore.codecs.base import to_bytes
+from kvstore.kernels.transfer import to_host
 from kvstore.kv import ChunkKV
 
 MAGIC = b"RKVB"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FLAG_LZ4 = 1
+FLAG_POSITIONS = 2
+PAD_POSITION = 0xFFFFFFFF
 _PREFIX = struct.Struct("<4sHHII")  # magic, version, flags, header_len, token_count
 CHECKSUM_BYTES = 16
 MAX_HEADER_BYTES = 1 << 20  # JSON header without token ids: codec, params, shape, fingerprint
@@ -103,14 +118,24 @@ class BlockHeader:
     lz4: bool
     raw_len: int  # codec payload length
     stored_len: int  # bytes in the block (== raw_len unless lz4)
+    inv_freq: tuple[float, ...] | None = None  # pre-RoPE blocks: the keys' RoPE frequencies [head_dim/2]
+    compression: dict | None = None  # compressed chunks: the spec they were compressed with (FLAG_POSITIONS)
 
     def to_json(self) -> bytes:
         """The JSON header section (everything but the token ids, which follow it in binary)."""
-        return json.dumps({
+        fields = {
             "codec": self.codec, "codec_params": self.codec_params, "shape": list(self.shape),
             "dtype": self.dtype, "fingerprint": self.fingerprint,
-            "raw_len": self.raw_len, "stored_len": self.stored_len,
-        }, separators=(",", ":"), sort_keys=True).encode()
+            "raw_len": self.raw_len, "stored_len": self.stored_len, "inv_freq": self.inv_freq,
+        }
+        if self.compression is not None:
+            fields["compression"] = self.compression
+        return json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+
+    @property
+    def positions_len(self) -> int:
+        """Bytes of the positions section (compressed chunks), 0 otherwise."""
+        return 0 if self.compression is None else math.prod(self.shape[:3]) * TOKEN_BYTES
 
 
 def pack_token_ids(token_ids) -> bytes:
@@ -133,9 +158,18 @@ def _digest(data) -> bytes:
 
 
 def encode_block(kv: ChunkKV, codec: Codec, fingerprint: str) -> bytes:
+    """Three steps: keys into the codec's form (pre-RoPE or not), quantize on the KV's device
+    (Triton kernels on CUDA), copy the packed parts to the host (one pinned buffer), frame."""
     if kv.keys.dtype not in DTYPE_NAMES:
         raise ValueError(f"unsupported KV dtype {kv.keys.dtype}")
-    raw = codec.encode(kv.keys, kv.values)
+    kv = kv.with_rope(codec.pre_rope)
+    parts = codec.encode_parts(kv.keys, kv.values)  # on kv's device
+    raw = to_bytes(*to_host(parts))  # the only device -> host copy
+    return frame_block(kv, codec, fingerprint, raw)
+
+
+def frame_block(kv: ChunkKV, codec: Codec, fingerprint: str, raw: bytes) -> bytes:
+    """Header + token ids + payload (lz4 when it pays) + checksum, around a codec payload."""
     stored, flags = raw, 0
     if raw:
         packed = lz4.block.compress(raw, store_size=False)
@@ -147,10 +181,20 @@ def encode_block(kv: ChunkKV, codec: Codec, fingerprint: str) -> bytes:
         version=FORMAT_VERSION, codec=codec.name, codec_params=codec.params(), shape=tuple(kv.keys.shape),
         dtype=DTYPE_NAMES[kv.keys.dtype], fingerprint=fingerprint, token_ids=token_ids,
         lz4=bool(flags & FLAG_LZ4), raw_len=len(raw), stored_len=len(stored),
+        inv_freq=tuple(float(f) for f in kv.inv_freq.float().cpu()) if kv.pre_rope else None,
+        compression=kv.compression if kv.positions is not None else None,
     ).to_json()
     if len(header) > MAX_HEADER_BYTES:
         raise ValueError(f"block header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
-    body = b"".join((_PREFIX.pack(MAGIC, FORMAT_VERSION, flags, len(header), len(token_ids)), header, tokens, stored))
+    positions = b""
+    if kv.positions is not None:
+        flags |= FLAG_POSITIONS
+        packed_positions = array(_U32, kv.positions.masked_fill(~kv.head_mask, PAD_POSITION).reshape(-1).tolist())
+        if _SWAP:
+            packed_positions.byteswap()
+        positions = packed_positions.tobytes()
+    body = b"".join((_PREFIX.pack(MAGIC, FORMAT_VERSION, flags, len(header), len(token_ids)), header, tokens, stored,
+                     positions))
     return body + _digest(body)
 
 
@@ -188,16 +232,35 @@ def _parse_header(view: memoryview, version: int, flags: int, header_len: int, t
             raise BlockFormatError("codec must be a name and codec_params an object")
         if not isinstance(h["fingerprint"], str):
             raise BlockFormatError("fingerprint must be a string")
+        inv_freq = _inv_freq(h.get("inv_freq"), shape[3])  # absent = null
         return BlockHeader(
             version=version, codec=h["codec"], codec_params=h["codec_params"], shape=shape, dtype=h["dtype"],
             fingerprint=h["fingerprint"], token_ids=ids.tolist(), lz4=bool(flags & FLAG_LZ4),
             raw_len=_int(h["raw_len"], "raw_len", 0, MAX_RAW_BYTES),
-            stored_len=_int(h["stored_len"], "stored_len", 0, MAX_RAW_BYTES),
+            stored_len=_int(h["stored_len"], "stored_len", 0, MAX_RAW_BYTES), inv_freq=inv_freq,
+            compression=_compression(h.get("compression"), flags),
         )
     except KeyError as e:
         raise BlockFormatError(f"header lacks field {e}") from None
     except TypeError as e:  # e.g. an unhashable dtype
         raise BlockFormatError(f"header field of the wrong type: {e}") from None
+
+
+def _compression(value, flags: int) -> dict | None:
+    """A JSON object exactly when FLAG_POSITIONS is set."""
+    if bool(flags & FLAG_POSITIONS) != (value is not None) or (value is not None and not isinstance(value, dict)):
+        raise BlockFormatError("a positions section and a compression object come together")
+    return value
+
+
+def _inv_freq(value, head_dim: int) -> tuple[float, ...] | None:
+    """null, or head_dim/2 finite floats."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != head_dim // 2 or \
+            not all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) for f in value):
+        raise BlockFormatError(f"inv_freq must be null or {head_dim // 2} finite numbers")
+    return tuple(float(f) for f in value)
 
 
 def read_header(data: bytes) -> tuple[BlockHeader, memoryview]:
@@ -211,7 +274,7 @@ def read_header(data: bytes) -> tuple[BlockHeader, memoryview]:
         raise BlockFormatError(f"bad magic {bytes(magic)!r}")
     if version != FORMAT_VERSION:
         raise BlockVersionError(f"block format version {version}, this reader reads {FORMAT_VERSION}")
-    if flags & ~FLAG_LZ4:
+    if flags & ~(FLAG_LZ4 | FLAG_POSITIONS):
         raise BlockFormatError(f"unknown flags {flags:#x}")
     if header_len > MAX_HEADER_BYTES:
         raise BlockFormatError(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
@@ -232,16 +295,35 @@ def read_header(data: bytes) -> tuple[BlockHeader, memoryview]:
             raise BlockTruncatedError(f"block is {size} bytes, header declares a longer payload")
         raise BlockChecksumError("checksum mismatch")
     header = _parse_header(view, version, flags, header_len, token_count)
-    if body_end - payload_at != header.stored_len:
-        raise BlockShapeError(f"payload is {body_end - payload_at} bytes, header says {header.stored_len}")
-    return header, view[payload_at:body_end]
+    if body_end - payload_at != header.stored_len + header.positions_len:
+        raise BlockShapeError(f"payload is {body_end - payload_at} bytes, header says "
+                              f"{header.stored_len} + {header.positions_len} of positions")
+    return header, view[payload_at:payload_at + header.stored_len]
 
 
-def decode_block(data: bytes, expected_fingerprint: str | None = None) -> tuple[ChunkKV, BlockHeader]:
+def _positions(data: bytes, header: BlockHeader) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions section (the bytes before the checksum) -> positions, head_mask [layers, kv_heads, slots]."""
+    end = len(data) - CHECKSUM_BYTES
+    values = array(_U32)
+    values.frombytes(memoryview(data)[end - header.positions_len:end])
+    if _SWAP:
+        values.byteswap()
+    positions = torch.tensor(values.tolist(), dtype=torch.int64).reshape(header.shape[:3])
+    head_mask = positions != PAD_POSITION
+    if bool((positions[head_mask] >= len(header.token_ids)).any()):
+        raise BlockShapeError("a kept position lies outside the chunk")
+    return positions.masked_fill(~head_mask, 0), head_mask
+
+
+def decode_block(data: bytes, expected_fingerprint: str | None = None,
+                 device: torch.device | str | None = None) -> tuple[ChunkKV, BlockHeader]:
+    """Verified block -> (KV, header); KV on `device` (default CPU): the payload is copied there once
+    and dequantized there (Triton on CUDA). A pre-RoPE block gives a ChunkKV with pre_rope=True."""
     header, payload = read_header(data)
     if expected_fingerprint is not None and header.fingerprint != expected_fingerprint:
         raise BlockFingerprintError(f"block is from model {header.fingerprint[:16]}, expected {expected_fingerprint[:16]}")
-    if header.shape[2] != len(header.token_ids):
+    if header.shape[2] != len(header.token_ids) and not (header.compression is not None
+                                                         and header.shape[2] <= len(header.token_ids)):
         raise BlockShapeError(f"shape has {header.shape[2]} tokens, header lists {len(header.token_ids)} token ids")
     try:
         codec = make_codec(header.codec, **header.codec_params)
@@ -250,6 +332,9 @@ def decode_block(data: bytes, expected_fingerprint: str | None = None) -> tuple[
         raise BlockShapeError(f"codec {header.codec!r}: {e}") from None
     if expected != header.raw_len:
         raise BlockShapeError(f"shape {header.shape} needs {expected} payload bytes, header says {header.raw_len}")
+    if codec.pre_rope != (header.inv_freq is not None):
+        raise BlockShapeError(f"codec {header.codec!r} pre_rope={codec.pre_rope} but the header "
+                              f"{'lacks' if codec.pre_rope else 'has'} inv_freq")
     # The decoded floats are at most 16x the codec payload (2 bits -> fp32); bound the payload itself.
     if not header.lz4 and header.raw_len != header.stored_len:
         raise BlockShapeError("uncompressed payload length differs from raw length")
@@ -264,9 +349,18 @@ def decode_block(data: bytes, expected_fingerprint: str | None = None) -> tuple[
     if len(raw) != header.raw_len:
         raise BlockShapeError(f"payload decompressed to {len(raw)} bytes, expected {header.raw_len}")
     try:
-        keys, values = codec.decode(raw, header.shape, DTYPES[header.dtype])
+        keys, values = codec.decode(raw, header.shape, DTYPES[header.dtype], device)
     except (CodecError, ValueError, RuntimeError) as e:
         raise BlockShapeError(f"payload does not decode: {e}") from None
     if tuple(keys.shape) != header.shape or tuple(values.shape) != header.shape:
         raise BlockShapeError(f"decoded {tuple(keys.shape)}, header says {header.shape}")
-    return ChunkKV(keys=keys, values=values, token_ids=list(header.token_ids)), header
+    inv_freq = None if header.inv_freq is None else torch.tensor(header.inv_freq, dtype=torch.float32)
+    positions, head_mask = _positions(data, header) if header.compression is not None else (None, None)
+    if positions is not None and codec.pre_rope:
+        raise BlockShapeError("a compressed chunk stores post-RoPE keys")
+    try:
+        return ChunkKV(keys=keys, values=values, token_ids=list(header.token_ids), inv_freq=inv_freq,
+                       pre_rope=codec.pre_rope, positions=positions, head_mask=head_mask,
+                       compression=header.compression), header
+    except ValueError as e:
+        raise BlockShapeError(str(e)) from None

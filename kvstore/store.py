@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from kvstore.address import chunk_address
@@ -19,6 +19,7 @@ from kvstore.backends.base import Backend, BackendUnavailable
 from kvstore.block import BlockError, BlockFingerprintError, BlockHeader, decode_block, encode_block, read_header
 from kvstore.codecs import Codec, codec_from_spec
 from kvstore.kv import ChunkKV
+from kvstore.stats import StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,13 @@ class StoreCounters:
 
 
 class BlockStore:
-    def __init__(self, backend: Backend, codec: "Codec | str | dict", fingerprint: str):
+    def __init__(self, backend: Backend, codec: "Codec | str | dict", fingerprint: str, device=None):
+        """`device`: where decoded KV lands (default CPU); a block's payload is copied there once and
+        dequantized there (Triton kernels on CUDA, kvstore/kernels/dispatch.py)."""
         self.backend = backend
         self.codec = codec_from_spec(codec)
         self.fingerprint = fingerprint
+        self.device = device
         self.counters = StoreCounters()
         self.degraded = False
         self._lock = threading.Lock()
@@ -60,6 +64,8 @@ class BlockStore:
 
     # -- writes ---------------------------------------------------------------
     def encode(self, kv: ChunkKV) -> bytes:
+        """Block bytes: keys into the codec's RoPE form, quantized on kv's device, the packed parts
+        copied to the host through one pinned buffer, framed (kvstore/block.py:encode_block)."""
         return encode_block(kv, self.codec, self.fingerprint)
 
     def as_stored(self, kv: ChunkKV) -> tuple[bytes, ChunkKV]:
@@ -70,7 +76,7 @@ class BlockStore:
         recompute after a store fault all give the same tokens.
         """
         data = self.encode(kv)
-        decoded, _ = decode_block(data, expected_fingerprint=self.fingerprint)
+        decoded, _ = decode_block(data, expected_fingerprint=self.fingerprint, device=self.device)
         return data, decoded
 
     def put(self, kv: ChunkKV, address: str) -> bool:
@@ -115,7 +121,7 @@ class BlockStore:
             self._count(misses=1)
             return None
         try:
-            kv, _ = decode_block(data, expected_fingerprint=self.fingerprint)
+            kv, _ = decode_block(data, expected_fingerprint=self.fingerprint, device=self.device)
         except BlockError as e:
             self._reject(address, e)
             return None
@@ -158,7 +164,8 @@ class BlockStore:
     def unpin(self, address: str) -> bool:
         return self._manage(self.backend.unpin, address)
 
-    def evict(self, address: str) -> bool:
+    def delete(self, address: str) -> bool:
+        """Delete a block (what the Evict RPC does; dropping tokens from a KV cache is workers/eviction)."""
         return self._manage(self.backend.delete, address)
 
     def _manage(self, op, address: str) -> bool:
@@ -169,14 +176,15 @@ class BlockStore:
             self._down(e)
             return False
 
-    def stats(self) -> dict:
+    def stats(self) -> StoreStats:
         try:
             backend = self.backend.stats()
         except BackendUnavailable as e:
             self._down(e)
-            backend = {}
-        return {"codec": self.codec.spec(), "fingerprint": self.fingerprint, "degraded": self.degraded,
-                **asdict(self.counters), "backend": backend}
+            backend = None
+        with self._lock:
+            counters = replace(self.counters)  # a snapshot
+        return StoreStats(self.codec.spec(), self.fingerprint, self.degraded, counters, backend)
 
     def close(self) -> None:
         self.backend.close()

@@ -13,12 +13,14 @@ import sys
 from typing import Sequence
 
 from ragkv import __version__
+from ragkv.commands.bench import SUITES as BENCH_SUITES  # a light module: the list, not the benchmarks
 
 COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, one-line help)
     "serve": ("ragkv.commands.serve", "run the gRPC server"),
     "demo": ("ragkv.commands.demo", "the main job on the embedded default model"),
-    "bench": ("ragkv.commands.bench", "benchmarks: codecs | store | blend | eviction"),
+    "bench": ("ragkv.commands.bench", "benchmarks: " + " | ".join(BENCH_SUITES)),
     "check": ("ragkv.commands.check", "self-check: is blending valid for this model"),
+    "calibrate": ("ragkv.commands.calibrate", "measure and store this model's blend setting"),
 }
 
 

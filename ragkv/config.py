@@ -1,37 +1,33 @@
 """Server configuration: a frozen dataclass built in layers (defaults -> environment -> CLI flags).
 
-Nothing here is written back at run time; derived values (the engine config, the
-gRPC options) are computed from it where they are used.
+ServeConfig holds the server's own settings and the engine's EngineConfig (workers/engine.py) as
+it is: the engine's defaults are written once, there. The engine settings read through
+(`config.codec` is `config.engine.codec`), and their flags / RAGKV_* variables keep their flat
+names (--codec, RAGKV_CODEC). Nothing here is written back at run time; derived values (the gRPC
+options) are computed from it where they are used.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
+from kvstore.codecs import CODECS
+from workers.engine import EngineConfig
+from workers.paths import default_store_url
+
 MiB = 1 << 20
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("RAGKV_CACHE_DIR", Path.home() / ".cache" / "ragkv"))
-
-
-def default_store() -> str:
-    return f"disk:{default_cache_dir() / 'blocks'}"
+# EngineConfig fields a flag or a RAGKV_* variable sets (the others are the engine's own business)
+ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes")
+WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
 
 @dataclass(frozen=True)
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 50051
-    model: str = "default"
-    store: str = ""  # empty: disk under the cache dir (see store_url)
-    codec: str = "kivi2"
-    workers: str = "inproc"  # inproc | ray | auto | ray://ADDRESS
-    device: str | None = None
-    memory_budget_bytes: int | None = None  # in-memory tier over the store; None: the engine's default
+    engine: EngineConfig = field(default_factory=EngineConfig)  # model, store, codec, workers, device, ...
     token: str | None = None  # bearer token required on every RagKV call; None: no auth
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -45,17 +41,24 @@ class ServeConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"port out of range: {self.port}")
+            raise ValueError(f"--port: out of range: {self.port}")
         if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
-        if self.codec not in ("fp16", "int8", "int4", "kivi2"):
-            raise ValueError(f"unknown codec {self.codec!r}")
-        if not (self.workers in ("inproc", "ray", "auto") or self.workers.startswith("ray://")):
-            raise ValueError(f"--workers must be inproc, ray, auto or ray://ADDRESS, got {self.workers!r}")
+            raise ValueError(f"--max-queue: must be >= 0, got {self.max_queue}")
+        if self.engine.codec not in CODECS:
+            raise ValueError(f"--codec: unknown codec {self.engine.codec!r}; known: {', '.join(sorted(CODECS))}")
+        workers = self.engine.workers
+        if not (workers in WORKERS_FORMS or workers.startswith("ray://")):
+            raise ValueError(f"--workers must be inproc, ray, auto or ray://ADDRESS, got {workers!r}")
+
+    def __getattr__(self, name: str):
+        """The engine settings read through: config.codec is config.engine.codec."""
+        if name in ENGINE_FIELDS:
+            return getattr(self.engine, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def store_url(self) -> str:
-        return self.store or default_store()
+        return self.engine.store or default_store_url()
 
     @property
     def address(self) -> str:
@@ -69,16 +72,21 @@ class ServeConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ServeConfig":
         """Defaults overlaid with RAGKV_<FIELD> variables (e.g. RAGKV_TOKEN, RAGKV_MAX_QUEUE)."""
         env = os.environ if env is None else env
+        settable = [f for f in fields(cls) if f.name != "engine"] + \
+            [f for f in fields(EngineConfig) if f.name in ENGINE_FIELDS]
         values = {}
-        for f in fields(cls):
+        for f in settable:
             raw = env.get(f"RAGKV_{f.name.upper()}")
             if raw is not None:
                 values[f.name] = _parse(f.type, raw)
-        return cls(**values)
+        return cls().with_overrides(**values)
 
     def with_overrides(self, **overrides) -> "ServeConfig":
-        """A copy with every override that is not None (CLI flags left unset keep the lower layer)."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        """A copy with every override that is not None (CLI flags left unset keep the lower layer);
+        engine settings (ENGINE_FIELDS) go into the EngineConfig."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        engine = {k: given.pop(k) for k in ENGINE_FIELDS if k in given}
+        return replace(self, engine=replace(self.engine, **engine), **given)
 
 
 def _parse(type_name: str, raw: str):

@@ -1,33 +1,6 @@
-"""Errors raised by the engine and mapped to gRPC status codes at the edge."""
+"""The engine's domain errors, re-exported for the application layer; they are defined (and raised) in
+workers.errors and mapped to gRPC status codes by ragkv.server.interceptors."""
 
-from __future__ import annotations
+from workers.errors import Cancelled, InvalidArgument, NotFound, RagKVServerError, ResourceExhausted, Unavailable
 
-
-class RagKVServerError(Exception):
-    """Base class: every error the engine raises on purpose."""
-
-    code_name = "INTERNAL"
-
-
-class InvalidArgument(RagKVServerError):
-    code_name = "INVALID_ARGUMENT"
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-class NotFound(RagKVServerError):
-    code_name = "NOT_FOUND"
-
-
-class Unavailable(RagKVServerError):
-    code_name = "UNAVAILABLE"
-
-
-class ResourceExhausted(RagKVServerError):
-    code_name = "RESOURCE_EXHAUSTED"
-
-
-class Cancelled(RagKVServerError):
-    code_name = "CANCELLED"
+__all__ = ["Cancelled", "InvalidArgument", "NotFound", "RagKVServerError", "ResourceExhausted", "Unavailable"]

@@ -41,3 +41,19 @@ def redis_url(redis_server) -> str:
 
     redis.Redis.from_url(redis_server.url).flushdb()
     return redis_server.url
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A real local Ray (no dashboard, token auth off, short temp dir), for one test module."""
+    ray = pytest.importorskip("ray")
+    import shutil
+    import tempfile
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # Ray 2.60 turns token auth on by default
+    temp_dir = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # unix socket paths are short: keep it under /tmp
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir,
+             runtime_env={"env_vars": {"RAGKV_CACHE_DIR": os.environ["RAGKV_CACHE_DIR"]}})
+    yield ray
+    ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)

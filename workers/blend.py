@@ -8,8 +8,9 @@ deviate at an early layer are the ones that deviate later. So:
 1. place every chunk at its offset (keys re-rotated by the offset, see rope.py);
 2. run layer 0 for every non-prefix token (cheap, one layer) — layer-0 K/V are
    context-free, but its output feeds layer 1;
-3. at `check_layer` project fresh K/V for every chunk token and compare them with
-   the stored ones; pick the `ratio` fraction that deviates most;
+3. pick the tokens to recompute with a selection method (workers/selection.py:
+   CacheBlend's K/V deviation at `check_layer`, its gradual filtering, EPIC's
+   LegoLink, question attention, hybrids);
 4. from there on only those tokens plus the always-computed ones (separators,
    question, template) go through the layers, their fresh K/V overwriting the
    stored entries of the fused cache they attend over.
@@ -24,10 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.kernels.dispatch import rerotate_keys
 from kvstore.kv import ChunkKV
 from workers.cache import KVCache, LayerKV
+from workers.eviction.chunks import place_chunk
 from workers.prompt import PromptLayout
+from workers.selection import (Selection, SelectionContext, kv_deviation, make_selection,  # noqa: F401
+                                select_tokens)
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,17 @@ class BlendConfig:
     recompute_ratio: float = 0.15
     check_layer: int = 1  # layer whose K/V deviation picks the tokens (layer 0 K/V do not depend on context)
     deviation: str = "kv"  # "k", "v" or "kv": which fresh-vs-stored difference ranks the tokens
+    method: str = "deviation"  # a name in workers.selection.SELECTIONS
+    sink_tokens: int | None = None  # legolink: first k of every chunk (None = the ratio share); hybrids: 4
+    gradual_widen: float = 3.0  # gradual: the first check layer keeps this many times the budget
+    gradual_steps: int = 3  # gradual: layers over which the set narrows to the budget
+    probe_layers: int | None = None  # attention: layers of the question probe (None = all)
+    key_scale: float = 1.0  # attention temperature on reused chunk keys (APE-style); 1 = off
+
+    @property
+    def name(self) -> str:
+        """`METHOD@RATIO`, as the quality suite spells a blend config."""
+        return f"{self.method}@{self.recompute_ratio:g}"
 
 
 def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[ChunkKV]) -> tuple[KVCache, torch.Tensor]:
@@ -47,41 +61,26 @@ def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[Chun
     keys = torch.zeros(shape.num_layers, shape.num_kv_heads, n, shape.head_dim, device=device, dtype=dtype)
     values = torch.zeros_like(keys)
     computed = torch.ones(n, dtype=torch.bool, device=device)
-    keys[:, :, : layout.prefix_len] = prefix.keys.to(device, dtype)
+    keys[:, :, : layout.prefix_len] = prefix.keys_at(0, runner.inv_freq, dtype, device)
     values[:, :, : layout.prefix_len] = prefix.values.to(device, dtype)
     computed[: layout.prefix_len] = False
+    head_mask = None  # [L, Hkv, n] once a chunk compressed at ingest is placed: its dropped entries are masked
     for (start, end), chunk in zip(layout.chunk_spans, chunks):
-        # Triton on CUDA, workers.rope.rerotate_keys otherwise (kvstore/kernels/dispatch.py)
-        keys[:, :, start:end] = rerotate_keys(chunk.keys.to(device), start, runner.inv_freq, out_dtype=dtype)
+        computed[start:end] = False
+        if chunk.positions is not None:  # compressed at ingest: kept entries only (workers/eviction/chunks.py)
+            if head_mask is None:
+                head_mask = torch.ones(keys.shape[:3], dtype=torch.bool, device=device)
+            place_chunk(keys, values, head_mask, start, chunk, runner.inv_freq)
+            continue
+        # one rotation: re-rotation by `start`, or pre-RoPE keys rotated at start.. (ChunkKV.keys_at);
+        # Triton on CUDA, kvstore.rope otherwise (kvstore/kernels/dispatch.py)
+        keys[:, :, start:end] = chunk.keys_at(start, runner.inv_freq, dtype, device)
         values[:, :, start:end] = chunk.values.to(device, dtype)
         computed[start:end] = False
     positions = torch.arange(n, device=device)
-    cache = KVCache([LayerKV(keys[i], values[i], positions) for i in range(shape.num_layers)])
+    cache = KVCache([LayerKV(keys[i], values[i], positions, None if head_mask is None else head_mask[i])
+                     for i in range(shape.num_layers)])
     return cache, computed
-
-
-def kv_deviation(fresh_k: torch.Tensor, fresh_v: torch.Tensor, old_k: torch.Tensor, old_v: torch.Tensor,
-                 measure: str) -> torch.Tensor:
-    """Per-token deviation; all inputs [kv_heads, T, D] -> [T]. Relative L2, summed over heads."""
-    def rel(fresh, old):
-        return ((fresh - old).float().norm(dim=-1) / (old.float().norm(dim=-1) + 1e-6)).sum(dim=0)
-
-    if measure == "k":
-        return rel(fresh_k, old_k)
-    if measure == "v":
-        return rel(fresh_v, old_v)
-    if measure == "kv":
-        return rel(fresh_k, old_k) + rel(fresh_v, old_v)
-    raise ValueError(f"deviation measure must be 'k', 'v' or 'kv', got {measure!r}")
-
-
-def select_tokens(deviation: torch.Tensor, candidates: torch.Tensor, ratio: float) -> torch.Tensor:
-    """Indices (into the prompt) of the `ratio` fraction of candidate tokens with the largest deviation."""
-    count = int(round(ratio * candidates.numel()))
-    if count == 0:
-        return candidates[:0]
-    top = torch.topk(deviation[candidates], k=count).indices
-    return candidates[top]
 
 
 @torch.inference_mode()
@@ -95,38 +94,32 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
     """
     if not 0 <= config.check_layer < runner.shape.num_layers:
         raise ValueError(f"check_layer must be in [0, {runner.shape.num_layers}), got {config.check_layer}")
+    method = Selection() if reuse else make_selection(config)
     device = runner.device
     ids = torch.tensor(layout.token_ids, device=device)
     positions = torch.arange(layout.num_tokens, device=device)
     chunk_tokens = (~computed).nonzero().flatten()
     chunk_tokens = chunk_tokens[chunk_tokens >= layout.prefix_len]
-    always = computed.nonzero().flatten()
+    if config.key_scale != 1.0 and not reuse:
+        for kv in cache.layers:
+            kv.keys[:, chunk_tokens] *= config.key_scale
+    budget = 0 if reuse else int(round(config.recompute_ratio * chunk_tokens.numel()))
+    ctx = SelectionContext(runner, layout, cache, chunk_tokens, computed.nonzero().flatten(), budget)
 
-    # active: prompt indices whose hidden states go through the current layer
-    active = always if reuse else torch.arange(layout.prefix_len, layout.num_tokens, device=device)
+    active = method.start(ctx)  # sorted prompt indices whose hidden states go through the current layer
     hidden = runner.embed(ids[active])
-    selected = chunk_tokens[:0]
+    token_layers = method.extra_token_layers(ctx)
     for layer in range(runner.shape.num_layers):
-        if not reuse and layer == config.check_layer:
-            hidden, active, selected = _select_at_check_layer(runner, layer, hidden, active, cache, chunk_tokens,
-                                                              always, config)
+        keep = method.keep(layer, ctx, hidden, active)
+        if keep is not None:
+            hidden, active = hidden[torch.searchsorted(active, keep)], keep
         hidden = runner.layer_forward(layer, hidden, positions[active], cache, slots=active, observer=observer)
+        token_layers += active.numel()
     logits = runner.logits(hidden[-1:])
-    stats = {"recomputed_tokens": int(selected.numel()), "always_computed_tokens": int(always.numel()),
-             "check_layer": config.check_layer}
+    stats = {"recomputed_tokens": int(torch.isin(active, chunk_tokens).sum()),
+             "always_computed_tokens": int(ctx.always.numel()),
+             "check_layer": config.check_layer, "blend_method": "reuse" if reuse else config.method,
+             "recompute_ratio": 0.0 if reuse else config.recompute_ratio,
+             # token-layers run, against a full prefill's (a deterministic compute cost)
+             "compute_fraction": token_layers / (layout.num_tokens * runner.shape.num_layers)}
     return logits, stats
-
-
-def _select_at_check_layer(runner, layer, hidden, active, cache, chunk_tokens, always, config):
-    """Rank chunk tokens by fresh-vs-stored K/V deviation; keep the selected + always-computed rows."""
-    block = runner.layers[layer]
-    _, fresh_k, fresh_v = runner.qkv(layer, block.input_layernorm(hidden), active)
-    kv = cache.layers[layer]
-    # rows of `active` that are chunk tokens (active = every non-prefix token, in order)
-    rows = chunk_tokens - active[0]
-    deviation = torch.zeros(int(active.max()) + 1, device=active.device)
-    deviation[chunk_tokens] = kv_deviation(fresh_k[:, rows], fresh_v[:, rows], kv.keys[:, chunk_tokens],
-                                           kv.values[:, chunk_tokens], config.deviation)
-    selected = select_tokens(deviation, chunk_tokens, config.recompute_ratio)
-    keep = torch.sort(torch.cat([selected, always])).values
-    return hidden[keep - active[0]], keep, selected

@@ -2,7 +2,7 @@
 
 A chunk is a window of `chunk_tokens` token ids decoded back to text. The
 service addresses a chunk by the ids of `runner.tokenize(chunk_text)` (no
-BOS, CONTRACT "Prompt layout"), so a batch job that ingests these texts
+BOS: every chunk is tokenized on its own, workers/prompt.py), so a batch job that ingests these texts
 produces exactly the ids `Engine.ingest([chunk_text])` would. Decoding a
 window and re-tokenizing it usually gives the same ids back; where a window
 boundary splits a multi-token word differently the re-tokenized text is what

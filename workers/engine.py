@@ -9,23 +9,32 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import torch
 
 from kvstore.backends.base import Backend, StoreFullError
 from kvstore.backends.memory import MemoryTier
 from kvstore.backends.registry import open_backend
+from kvstore.codecs import DEFAULT_CODEC
 from kvstore.kv import ChunkKV
 from kvstore.store import BlockStore
-from ragkv.errors import Cancelled, InvalidArgument, NotFound, Unavailable
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
+from workers.errors import Cancelled, InvalidArgument, NotFound, Unavailable
+from workers.eviction.chunks import (check_ingest_spec, chunk_namespace, compact, compress_chunk, compression_json,
+                                     spec_from_json)
 from workers.generate import DecodeHooks, SamplingParams, decode
+from workers.modes import PREFILL_MODES, PrefillContext, kv_nbytes
+from workers.paths import default_store_url
 from workers.prompt import PromptLayout, build_prompt
-from workers.requests import ChunkRef, GenerateRequest, GenerateResult, is_chunk_id
+from workers.requests import ChunkRef, CompressionSpec, GenerateRequest, GenerateResult, is_chunk_id
 from workers.runner import ModelRunner
+from workers.stats import EngineCounters, EngineStats, ModelInfo
+
+if TYPE_CHECKING:
+    from workers.protocol import ChunkCompute
 
 log = logging.getLogger("ragkv.engine")
 
@@ -38,18 +47,13 @@ MAX_CHUNK_TOKENS = 4096
 class EngineConfig:
     model: str = "default"
     store: str | None = None  # disk:PATH | redis://HOST:PORT/DB; None = disk under the cache dir
-    codec: str = "kivi2"
+    codec: str = DEFAULT_CODEC  # chosen by the quality suite (kvstore/codecs/__init__.py, README "Codecs")
     device: str | None = None
     memory_budget_bytes: int | None = 256 << 20  # in-memory tier in front of the store; None/0 = off
     store_budget_bytes: int | None = None
     workers: str = "inproc"
     blend: BlendConfig = field(default_factory=BlendConfig)
-
-
-def default_store_url() -> str:
-    from workers.model import cache_dir
-
-    return f"disk:{cache_dir() / 'blocks'}"
+    use_calibration: bool = True  # a stored calibration replaces `blend` for requests without a ratio
 
 
 def open_store_backend(config: EngineConfig) -> Backend:
@@ -61,20 +65,30 @@ def open_store_backend(config: EngineConfig) -> Backend:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None):
+    """The in-process engine (workers/protocol.py: EngineProtocol).
+
+    `chunk_compute` is where a chunk missing from the store gets computed: None = here, in this
+    process; a ChunkCompute (the Ray WorkerPool) writes the block to the shared store, and the
+    engine reads it back (or computes it here if that fails)."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None,
+                 chunk_compute: ChunkCompute | None = None):
         self.config = config
         self.runner = runner or ModelRunner.load(config.model, device=config.device)
         backend = open_store_backend(config)
-        self.store = BlockStore(backend, config.codec, self.runner.fingerprint)
+        # decoded blocks land on the model's device: payload copied once, dequantized there (Triton on CUDA)
+        self.store = BlockStore(backend, config.codec, self.runner.fingerprint, device=self.runner.device)
         # same backend, own codec: the codec is part of the address, so the two never collide
         self.prefix_store = BlockStore(backend, PREFIX_CODEC, self.runner.fingerprint)
+        self.blend_setting = blend_setting(config, self.runner)  # (config, "calibrated" | "default")
         self._compute_lock = threading.Lock()  # one forward pass at a time: torch already uses every core
         self._prefix_cache: OrderedDict[str, ChunkKV] = OrderedDict()
-        self._counters = {"requests": 0, "chunks_hit": 0, "chunks_computed": 0, "ingested": 0, "degraded": 0}
-        self._pool = _chunk_pool(config)  # workers=ray|ray://|auto: chunk KV computed on Ray actors
+        self.counters = EngineCounters()
+        self.chunk_compute = chunk_compute
 
     # -- chunks ---------------------------------------------------------------
-    def _tokenize_chunk(self, text: str, field_name: str) -> list[int]:
+    def tokenize_chunk(self, text: str, field_name: str) -> list[int]:
+        """A chunk's token ids; InvalidArgument(field_name) when it has none or too many."""
         token_ids = self.runner.tokenize(text)
         if not token_ids:
             raise InvalidArgument(field_name, "has no tokens")
@@ -82,20 +96,26 @@ class Engine:
             raise InvalidArgument(field_name, f"{len(token_ids)} tokens, over the limit of {MAX_CHUNK_TOKENS}")
         return token_ids
 
-    def _load_or_compute(self, store, token_ids: list[int], namespace: str, pin: bool = False) -> tuple[ChunkKV, bool]:
-        """(kv, was_hit); the caller holds the compute lock. A store fault is a miss: compute, store if it takes it."""
+    def _load_or_compute(self, store, token_ids: list[int], namespace: str, pin: bool = False,
+                         compression: CompressionSpec | None = None) -> tuple[ChunkKV, bool]:
+        """(kv, was_hit); the caller holds the compute lock. A store fault is a miss: compute, store if it takes it.
+
+        `compression`: the chunk is stored compressed to that spec (its namespace must be chunk_namespace's)."""
         address = store.address_for(token_ids, namespace)
         kv = store.get(address, token_ids)
         if kv is not None:
             if pin:
                 store.pin(address)
             return kv, True
-        if self._pool is not None and store is self.store:  # the actor writes the block; read it back
-            self._pool.compute([token_ids], namespace, pin)
+        if self.chunk_compute is not None and store is self.store and compression is None:  # it writes the block
+            self.chunk_compute.compute([token_ids], namespace, pin)
             kv = store.get(address, token_ids)
             if kv is not None:
                 return kv, False
-        data, kv = store.as_stored(self.runner.chunk_kv(token_ids))
+        kv = self.runner.chunk_kv(token_ids)
+        if compression is not None:
+            kv, _ = compress_chunk(self.runner, kv, compression)
+        data, kv = store.as_stored(kv)
         try:
             if store.put_raw(address, data) and pin:
                 store.pin(address)
@@ -103,13 +123,24 @@ class Engine:
             log.warning("chunk %s not stored: %s", address[:16], exc)
         return kv, False
 
-    def ingest(self, texts: Sequence[str], pin: bool = False, namespace: str = "") -> list[ChunkRef]:
+    def ingest(self, texts: Sequence[str], pin: bool = False, namespace: str = "",
+               compression: CompressionSpec | None = None) -> list[ChunkRef]:
+        """`compression` (a query-agnostic policy): each chunk is stored already compressed to that budget,
+        under an address that includes the spec; InvalidArgument("compression.policy") otherwise."""
         if not texts:
             raise InvalidArgument("chunks", "at least one chunk is required")
-        token_lists = [self._tokenize_chunk(text, f"chunks[{i}]") for i, text in enumerate(texts)]
+        if compression is not None and compression.policy == "none":
+            compression = None
+        if compression is not None:
+            check_ingest_spec(compression)
+            if self.store.codec.pre_rope:
+                raise InvalidArgument("compression", f"chunks compressed at ingest need a codec without pre_rope, "
+                                                     f"the store's is {self.store.codec.spec()}")
+        block_namespace = chunk_namespace(namespace, None if compression is None else compression_json(compression))
+        token_lists = [self.tokenize_chunk(text, f"chunks[{i}]") for i, text in enumerate(texts)]
         refs = []
         for token_ids in token_lists:
-            address = self.store.address_for(token_ids, namespace)
+            address = self.store.address_for(token_ids, block_namespace)
             # a verified header, not mere existence: a damaged or old-format block is dropped and recomputed
             header = self.store.get_header(address)
             cached = header is not None and list(header.token_ids) == token_ids
@@ -118,20 +149,26 @@ class Engine:
                     self.store.pin(address)
             else:
                 with self._compute_lock:
-                    self._load_or_compute(self.store, token_ids, namespace, pin=pin)
-                self._counters["ingested"] += 1
+                    self._load_or_compute(self.store, token_ids, block_namespace, pin=pin, compression=compression)
+                self.counters.ingested += 1
             refs.append(ChunkRef(id=address, num_tokens=len(token_ids), cached=cached))
         return refs
 
-    def _resolve_chunk(self, chunk: str, index: int, namespace: str) -> list[int]:
+    def compute_block(self, token_ids: list[int]) -> bytes:
+        """One chunk's block bytes, computed in this process under the compute lock (not stored)."""
+        with self._compute_lock:
+            return self.store.encode(self.runner.chunk_kv(token_ids))
+
+    def _resolve_chunk(self, chunk: str, index: int, namespace: str) -> tuple[list[int], dict | None]:
+        """-> (token ids, the compression the stored chunk was ingested with, or None)."""
         if not is_chunk_id(chunk):
-            return self._tokenize_chunk(chunk, f"chunks[{index}]")
+            return self.tokenize_chunk(chunk, f"chunks[{index}]"), None
         header = self._owned_header(chunk, namespace)
         if header is None and self.store.degraded:
             raise Unavailable(f"chunks[{index}]: the store is unavailable and the chunk was given by id only")
         if header is None:
             raise NotFound(f"chunks[{index}]: no stored chunk with id {chunk}")
-        return list(header.token_ids)
+        return list(header.token_ids), header.compression
 
     def _owned_header(self, chunk_id: str, namespace: str):
         """The stored block's header if `chunk_id` is the address of its tokens in `namespace`, else None.
@@ -141,7 +178,8 @@ class Engine:
         if not is_chunk_id(chunk_id):
             return None
         header = self.store.get_header(chunk_id)
-        if header is None or self.store.address_for(header.token_ids, namespace) != chunk_id:
+        if header is None or self.store.address_for(header.token_ids,
+                                                    chunk_namespace(namespace, header.compression)) != chunk_id:
             return None
         return header
 
@@ -170,13 +208,15 @@ class Engine:
         """Yield text pieces as tokens are generated, then one GenerateResult."""
         start = time.perf_counter()
         should_stop = should_stop or (lambda: False)
-        chunk_ids = [self._resolve_chunk(c, i, request.namespace) for i, c in enumerate(request.chunks)]
+        resolved = [self._resolve_chunk(c, i, request.namespace) for i, c in enumerate(request.chunks)]
+        chunk_ids = [ids for ids, _ in resolved]
         layout = build_prompt(self.runner.tokenizer, request.system_prompt, chunk_ids, request.question)
         compressor = self._make_compressor(request, layout)
         observer = compressor.observer if compressor else None
         with self._compute_lock:
-            logits, stats, cache = self._prefill(request, layout, observer, should_stop)
+            logits, stats, cache = self._prefill(request, layout, observer, should_stop, [c for _, c in resolved])
             if compressor is not None:
+                compressor.prepare(self.runner, cache, layout.token_ids, (0, layout.suffix_start))
                 stats["compression"] = compressor.compress(cache)
             ttft = time.perf_counter() - start
             stats["prefill_s"] = ttft
@@ -213,50 +253,59 @@ class Engine:
         runner = self.runner
         return make_compressor(spec, runner.shape, prefix_len=layout.prefix_len, prompt_len=layout.num_tokens,
                                inv_freq=runner.inv_freq if runner.can_rerotate else None,
-                               scale=runner.layers[0].self_attn.scaling)
+                               scale=runner.layers[0].self_attn.scaling, question_start=layout.suffix_start)
 
-    def _prefill(self, request: GenerateRequest, layout: PromptLayout, observer, should_stop):
-        """-> (logits of the last prompt token, stats, filled cache)."""
-        runner, mode = self.runner, request.mode
+    def _prefill(self, request: GenerateRequest, layout: PromptLayout, observer, should_stop,
+                 compressions: list[dict | None] | None = None):
+        """-> (logits of the last prompt token, stats, filled cache), by the request's mode (workers/modes.py).
+        compressions: per chunk, the spec it was ingested with (chunks given by the id of a compressed
+        chunk), else None."""
         stats = {"chunks_hit": 0, "chunks_computed": 0, "recomputed_tokens": 0, "kv_bytes_loaded": 0,
                  "prefix_hit": False, "degraded": False}
-        ids = torch.tensor(layout.token_ids, device=runner.device)
-        positions = torch.arange(layout.num_tokens, device=runner.device)
-        if mode == "full":
-            cache = KVCache.empty(runner.shape.num_layers)
-            logits = runner.forward(ids, positions, cache, observer=observer)
-            stats["recomputed_tokens"] = layout.num_tokens
-            return logits, stats, cache
-        prefix, stats["prefix_hit"] = self._prefix_kv(layout)
-        stats["kv_bytes_loaded"] += _nbytes(prefix) if stats["prefix_hit"] else 0
-        if mode == "prefix":
-            cache = KVCache.from_chunk(prefix, device=runner.device, dtype=runner.dtype)
-            rest = slice(layout.prefix_len, None)
-            logits = runner.forward(ids[rest], positions[rest], cache, observer=observer)
-            stats["recomputed_tokens"] = layout.num_tokens - layout.prefix_len
-            return logits, stats, cache
+        compressions = compressions or [None] * len(layout.chunk_spans)
+        ctx = PrefillContext(
+            self.runner, layout, observer, stats, prefix_kv=lambda: self._prefix_kv(layout),
+            stored_chunks=lambda prefix: self._stored_chunks(request, layout, prefix, compressions, stats, should_stop),
+            blend=lambda cache, computed, reuse: self._blend(request, layout, cache, computed, reuse, observer, stats))
+        logits = PREFILL_MODES[request.mode](ctx)
+        if stats.get("compressed_chunks"):
+            compact(ctx.cache)  # the compressed chunks' dropped entries leave the cache
+        return logits, stats, ctx.cache
+
+    def _stored_chunks(self, request: GenerateRequest, layout: PromptLayout, prefix: ChunkKV,
+                       compressions: list[dict | None], stats: dict, should_stop):
+        """Every chunk's stored KV (computed and stored on a miss) placed after the prefix -> (cache, computed)."""
         chunks = []
-        for (start, end) in layout.chunk_spans:
+        for (start, end), compression in zip(layout.chunk_spans, compressions):
             if should_stop():
                 raise Cancelled("request cancelled")
-            kv, hit = self._load_or_compute(self.store, layout.token_ids[start:end], request.namespace)
+            kv, hit = self._load_or_compute(self.store, layout.token_ids[start:end],
+                                            chunk_namespace(request.namespace, compression),
+                                            compression=spec_from_json(compression))
             stats["chunks_hit" if hit else "chunks_computed"] += 1
-            stats["kv_bytes_loaded"] += _nbytes(kv) if hit else 0
+            stats["kv_bytes_loaded"] += kv_nbytes(kv) if hit else 0
             chunks.append(kv)
         stats["degraded"] = self.store.degraded
-        cache, computed = fuse_chunks(runner, layout, prefix, chunks)
-        blend = self.config.blend
-        config = BlendConfig(request.recompute_ratio, blend.check_layer, blend.deviation)
-        logits, blend_stats = blend_prefill(runner, layout, cache, computed, config, observer=observer,
-                                            reuse=mode == "reuse")
+        stats["compressed_chunks"] = sum(c is not None for c in compressions)
+        return fuse_chunks(self.runner, layout, prefix, chunks)
+
+    def _blend(self, request: GenerateRequest, layout: PromptLayout, cache: KVCache, computed: torch.Tensor,
+               reuse: bool, observer, stats: dict) -> torch.Tensor:
+        """CacheBlend's selective recompute over the fused cache (reuse: the question only) -> logits."""
+        config, setting = self.blend_setting
+        if request.recompute_ratio is not None:
+            config, setting = replace(config, recompute_ratio=request.recompute_ratio), "request"
+        stats.update(blend_setting=setting, blend_config=config.name)
+        logits, blend_stats = blend_prefill(self.runner, layout, cache, computed, config, observer=observer,
+                                            reuse=reuse)
         stats.update(blend_stats)
-        return logits, stats, cache
+        return logits
 
     def _count(self, stats: dict) -> None:
-        self._counters["requests"] += 1
-        self._counters["chunks_hit"] += stats["chunks_hit"]
-        self._counters["chunks_computed"] += stats["chunks_computed"]
-        self._counters["degraded"] += int(bool(stats["degraded"]))
+        self.counters.requests += 1
+        self.counters.chunks_hit += stats["chunks_hit"]
+        self.counters.chunks_computed += stats["chunks_computed"]
+        self.counters.degraded += int(bool(stats["degraded"]))
 
     # -- admin ------------------------------------------------------------------
     def lookup(self, ids: Sequence[str], namespace: str = "") -> list[bool]:
@@ -269,25 +318,22 @@ class Engine:
         return sum(bool(self.store.unpin(i)) for i in ids if self._owned_header(i, namespace) is not None)
 
     def evict(self, ids: Sequence[str], namespace: str = "") -> int:
-        return sum(bool(self.store.evict(i)) for i in ids if self._owned_header(i, namespace) is not None)
+        """The Evict RPC: delete these blocks (token-level eviction is workers/eviction, a different thing)."""
+        return sum(bool(self.store.delete(i)) for i in ids if self._owned_header(i, namespace) is not None)
 
-    def stats(self) -> dict:
-        return {"engine": dict(self._counters), "store": self.store.stats(), "model": {
-            "source": self.runner.loaded.source, "fingerprint": self.runner.fingerprint,
-            "device": str(self.runner.device), "dtype": str(self.runner.dtype)}, "codec": self.config.codec}
+    def stats(self) -> EngineStats:
+        runner = self.runner
+        model = ModelInfo(runner.loaded.source, runner.fingerprint, str(runner.device), str(runner.dtype))
+        return EngineStats(replace(self.counters), self.store.stats(), model, self.config.codec)
 
     def close(self) -> None:
         self.store.close()
 
 
-def _chunk_pool(config: EngineConfig):
-    """The process's Ray WorkerPool for `config.workers`, or None (inproc; auto with no cluster up)."""
-    if config.workers in ("", "inproc"):
-        return None
-    from workers import ray_pool
+def blend_setting(config: EngineConfig, runner: ModelRunner) -> tuple[BlendConfig, str]:
+    """What a blend request without a ratio runs: the model's stored calibration for this codec
+    (`ragkv calibrate`), else `config.blend`; a request's own ratio keeps the method."""
+    from workers.calibration import calibrated_config, load_calibration
 
-    return None if ray_pool.resolve_workers(config.workers) == "inproc" else ray_pool.pool_for(config)
-
-
-def _nbytes(kv: ChunkKV) -> int:
-    return kv.keys.nbytes + kv.values.nbytes
+    record = load_calibration(runner, config.codec) if config.use_calibration else None
+    return (config.blend, "default") if record is None else (calibrated_config(record), "calibrated")

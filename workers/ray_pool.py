@@ -17,17 +17,22 @@ import itertools
 import logging
 import os
 import threading
+import time
 from dataclasses import replace
 from typing import Callable, Iterator, Sequence
 
 from workers.engine import Engine, EngineConfig
+from workers.errors import Cancelled, InvalidArgument
+from workers.protocol import ShouldStop
 from workers.requests import ChunkRef, GenerateRequest, GenerateResult
+from workers.stats import EngineCounters, EngineStats, PoolInfo
 
 log = logging.getLogger("ragkv.ray")
 
 MAX_RESTARTS = 4
 MAX_TASK_RETRIES = 2
 DEFAULT_LEASE_TTL_S = 30.0
+STOP_POLL_S = 0.1  # how often a blocking call checks should_stop
 
 
 class ChunkWorker:
@@ -58,8 +63,7 @@ class ChunkWorker:
             written = [0]
 
             def compute_and_put() -> None:
-                with self.engine._compute_lock:
-                    data = store.encode(self.engine.runner.chunk_kv(token_ids))
+                data = self.engine.compute_block(token_ids)
                 if store.put_raw(address, data):
                     written[0] = len(data)
 
@@ -73,8 +77,12 @@ class ChunkWorker:
         return out
 
     def ingest(self, texts: Sequence[str], namespace: str = "", pin: bool = False) -> list[dict]:
-        token_lists = [self.engine._tokenize_chunk(t, f"chunks[{i}]") for i, t in enumerate(texts)]
+        token_lists = [self.engine.tokenize_chunk(t, f"chunks[{i}]") for i, t in enumerate(texts)]
         return self.compute(token_lists, namespace, pin)
+
+    def ingest_compressed(self, texts: Sequence[str], namespace: str, pin: bool, compression) -> list[ChunkRef]:
+        """Chunks stored compressed at ingest (workers/eviction/chunks.py), by this actor's engine."""
+        return self.engine.ingest(texts, pin=pin, namespace=namespace, compression=compression)
 
     def generate(self, request: GenerateRequest) -> GenerateResult:
         return self.engine.generate(request)
@@ -87,8 +95,8 @@ class ChunkWorker:
             raise ValueError(f"unknown admin method {method!r}")
         return getattr(self.engine, method)(ids, namespace)
 
-    def stats(self) -> dict:
-        return {**self.engine.stats(), "worker": {**self.counters, **self.ping()}}
+    def stats(self) -> EngineStats:
+        return replace(self.engine.stats(), worker={**self.counters, **self.ping()})
 
 
 # -- cluster ---------------------------------------------------------------------
@@ -165,8 +173,9 @@ class WorkerPool:
 
     done = _done
 
-    def call(self, method: str, *args, timeout: float | None = None):
-        """Run one call on the least-loaded actor; on actor death retry it on another one."""
+    def call(self, method: str, *args, timeout: float | None = None, should_stop: ShouldStop | None = None):
+        """Run one call on the least-loaded actor; on actor death retry it on another one.
+        `should_stop()` is polled while waiting: when true the call is cancelled and Cancelled raised."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -174,6 +183,8 @@ class WorkerPool:
         for attempt in range(len(self.actors) + MAX_RESTARTS):
             index, ref = self.submit(method, *args, exclude=tried)
             try:
+                if should_stop is not None:
+                    _wait_unless_stopped(ref, should_stop, timeout)
                 return ray.get(ref, timeout=timeout)
             except RayActorError as e:
                 log.warning("actor %d failed on %s (%s); retrying elsewhere", index, method, type(e).__name__)
@@ -231,7 +242,7 @@ class WorkerPool:
     def compute(self, token_lists: Sequence[Sequence[int]], namespace: str = "", pin: bool = False) -> list[dict]:
         return self.call("compute", [list(t) for t in token_lists], namespace, pin)
 
-    def stats(self) -> list[dict]:
+    def stats(self) -> list[EngineStats]:
         return [self.call_on(i, "stats") for i in range(len(self.actors))]
 
     def call_on(self, index: int, method: str, *args, timeout: float | None = 60.0):
@@ -245,6 +256,19 @@ class WorkerPool:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors = []
+
+
+def _wait_unless_stopped(ref, should_stop: ShouldStop, timeout: float | None) -> None:
+    """Wait for `ref` (up to `timeout`), polling `should_stop`; cancel the task and raise Cancelled on a stop."""
+    import ray
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if should_stop():
+            ray.cancel(ref)  # a queued call is dropped; one already running on a sync actor runs to its end
+            raise Cancelled("request cancelled")
+        if ray.wait([ref], timeout=STOP_POLL_S)[0] or (deadline is not None and time.monotonic() > deadline):
+            return  # ready, or ray.get raises its timeout
 
 
 def _cause(error) -> BaseException:
@@ -268,34 +292,30 @@ def pool_for(config: EngineConfig) -> WorkerPool:
 
 
 class RayEngine:
-    """Engine's public methods, every request run on a pool actor (the driver loads no model)."""
+    """An EngineProtocol (workers/protocol.py) whose every request runs on a pool actor (the driver loads no model)."""
 
     def __init__(self, config: EngineConfig, pool: WorkerPool | None = None):
         self.config = config
         self.pool = pool or pool_for(config)
-        self._counters = {"requests": 0, "retries_seen": 0}
 
-    def ingest(self, texts: Sequence[str], pin: bool = False, namespace: str = "") -> list[ChunkRef]:
-        from ragkv.errors import InvalidArgument
-
+    def ingest(self, texts: Sequence[str], pin: bool = False, namespace: str = "",
+               compression=None) -> list[ChunkRef]:
         if not texts:
             raise InvalidArgument("chunks", "at least one chunk is required")
+        if compression is not None:
+            return self.pool.call("ingest_compressed", list(texts), namespace, pin, compression)
         return self.pool.ingest(texts, namespace, pin)
 
-    def generate(self, request: GenerateRequest, should_stop: Callable[[], bool] | None = None) -> GenerateResult:
-        self._counters["requests"] += 1
-        return self.pool.call("generate", request)
+    def generate(self, request: GenerateRequest, should_stop: ShouldStop | None = None) -> GenerateResult:
+        return self.pool.call("generate", request, should_stop=should_stop)
 
     def generate_stream(self, request: GenerateRequest,
-                        should_stop: Callable[[], bool] | None = None) -> Iterator[str | GenerateResult]:
+                        should_stop: ShouldStop | None = None) -> Iterator[str | GenerateResult]:
         """Pieces as the actor yields them (a Ray streaming generator); retried elsewhere only before the first."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
-        from ragkv.errors import Cancelled
-
         should_stop = should_stop or (lambda: False)
-        self._counters["requests"] += 1
         tried: set[int] = set()
         for _ in range(len(self.pool) + MAX_RESTARTS):
             index, gen = self.pool.submit("generate_stream", request, exclude=tried)
@@ -334,13 +354,12 @@ class RayEngine:
     def evict(self, ids: Sequence[str], namespace: str = "") -> int:
         return self._admin("evict", ids, namespace)
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
+        """The actors' counters added up; the store and model as the first actor sees them (they share both)."""
         workers = self.pool.stats()
-        first = workers[0]
-        engine = {k: sum(w["engine"].get(k, 0) for w in workers) for k in first["engine"]}
-        return {"engine": engine, "store": first["store"], "model": first["model"], "codec": self.config.codec,
-                "workers": {"mode": self.config.workers, "count": len(workers), "retries": self.pool.retries,
-                            "actors": [w["worker"] for w in workers]}}
+        pool = PoolInfo(self.config.workers, len(workers), self.pool.retries, [w.worker for w in workers])
+        return replace(workers[0], engine=sum((w.engine for w in workers), EngineCounters()), codec=self.config.codec,
+                       workers=pool, worker=None)
 
     def close(self) -> None:
         pass  # the pool is per process and outlives one engine; Ray tears actors down with the driver

@@ -9,10 +9,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ragkv.errors import InvalidArgument
+from workers.errors import InvalidArgument
 
-MODES = ("full", "prefix", "reuse", "blend")
-POLICIES = ("none", "streaming", "h2o", "tova", "snapkv", "adakv", "pyramidkv", "dynamickv", "capkv")
 CHUNK_ID_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_CHUNKS = 64
 MAX_CHUNK_CHARS = 32_000
@@ -25,6 +23,36 @@ def is_chunk_id(text: str) -> bool:
     return bool(CHUNK_ID_RE.match(text))
 
 
+def mode_names() -> tuple[str, ...]:
+    """Every registered prefill mode (workers.modes.PREFILL_MODES, imported when first needed)."""
+    from workers.modes import PREFILL_MODES
+
+    return tuple(PREFILL_MODES)
+
+
+def policy_names() -> tuple[str, ...]:
+    """"none" and every registered eviction policy (workers.eviction's registry, imported when first
+    needed: it brings torch, which this module does not import at load time)."""
+    from workers.eviction.policies import POLICIES as registry  # imports no request type at run time
+
+    return ("none", *sorted(registry))
+
+
+def _check_budget(name: str, budget) -> None:
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
+        raise InvalidArgument(name, f"must be a float in (0, 1] or a positive int, got {budget!r}")
+    if isinstance(budget, float) and not 0.0 < budget <= 1.0:
+        raise InvalidArgument(name, f"fraction must be in (0, 1], got {budget}")
+    if isinstance(budget, int) and budget < 1:
+        raise InvalidArgument(name, f"token count must be >= 1, got {budget}")
+
+
+def _budget_tokens(budget: float | int, tokens: int) -> int:
+    if isinstance(budget, float):
+        return max(1, int(round(budget * tokens)))
+    return int(budget)
+
+
 @dataclass(frozen=True)
 class CompressionSpec:
     policy: str = "none"
@@ -33,26 +61,32 @@ class CompressionSpec:
     protect_system_prompt: bool = True
     window: int | None = None  # recent-window size for policies that keep one
     protected_spans: tuple[tuple[int, int], ...] = ()  # extra [start, end) token spans never evicted
+    # bound on the cache while decoding (float: fraction of prompt tokens, int: tokens); None = the policy's
+    # own semantics: prefill presses append generated tokens, decode-time methods keep `budget`
+    decode_budget: float | int | None = None
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise InvalidArgument("compression.policy", f"unknown policy {self.policy!r}; expected one of {', '.join(POLICIES)}")
-        budget = self.budget
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
-            raise InvalidArgument("compression.budget", f"must be a float in (0, 1] or a positive int, got {budget!r}")
-        if isinstance(budget, float) and not 0.0 < budget <= 1.0:
-            raise InvalidArgument("compression.budget", f"fraction must be in (0, 1], got {budget}")
-        if isinstance(budget, int) and budget < 1:
-            raise InvalidArgument("compression.budget", f"token count must be >= 1, got {budget}")
+        names = policy_names()
+        if self.policy not in names:
+            raise InvalidArgument("compression.policy", f"unknown policy {self.policy!r}; expected one of {', '.join(names)}")
+        _check_budget("compression.budget", self.budget)
+        if self.decode_budget is not None:
+            _check_budget("compression.decode_budget", self.decode_budget)
         if self.sink_tokens < 0:
             raise InvalidArgument("compression.sink_tokens", f"must be >= 0, got {self.sink_tokens}")
         if self.window is not None and self.window < 0:
             raise InvalidArgument("compression.window", f"must be >= 0, got {self.window}")
 
     def budget_tokens(self, prompt_tokens: int) -> int:
-        if isinstance(self.budget, float):
-            return max(1, int(round(self.budget * prompt_tokens)))
-        return int(self.budget)
+        return _budget_tokens(self.budget, prompt_tokens)
+
+    def decode_budget_tokens(self, prompt_tokens: int) -> int | None:
+        return None if self.decode_budget is None else _budget_tokens(self.decode_budget, prompt_tokens)
+
+    def address_json(self) -> dict:
+        """Every field that changes a chunk compressed with this spec (part of its content address)."""
+        return {"policy": self.policy, "budget": self.budget, "budget_kind": type(self.budget).__name__,
+                "sink_tokens": self.sink_tokens, "window": self.window}
 
 
 @dataclass(frozen=True)
@@ -62,7 +96,7 @@ class GenerateRequest:
     system_prompt: str = ""
     max_new_tokens: int = 64
     mode: str = "blend"
-    recompute_ratio: float = 0.15
+    recompute_ratio: float | None = None  # None = the server's setting (calibrated for the model when stored)
     compression: CompressionSpec | None = None
     temperature: float = 0.0
     top_p: float = 1.0
@@ -86,9 +120,11 @@ class GenerateRequest:
                 raise InvalidArgument(f"chunks[{i}]", f"longer than {MAX_CHUNK_CHARS} characters")
         if len(self.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
             raise InvalidArgument("system_prompt", f"longer than {MAX_SYSTEM_PROMPT_CHARS} characters")
-        if self.mode not in MODES:
-            raise InvalidArgument("mode", f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
-        if not (isinstance(self.recompute_ratio, (int, float)) and 0.0 <= self.recompute_ratio <= 1.0):
+        modes = mode_names()
+        if self.mode not in modes:
+            raise InvalidArgument("mode", f"unknown mode {self.mode!r}; expected one of {', '.join(modes)}")
+        if self.recompute_ratio is not None and not (
+                isinstance(self.recompute_ratio, (int, float)) and 0.0 <= self.recompute_ratio <= 1.0):
             raise InvalidArgument("recompute_ratio", f"must be in [0, 1], got {self.recompute_ratio}")
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise InvalidArgument("max_new_tokens", f"must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}")

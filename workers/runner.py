@@ -8,16 +8,17 @@ Batch size is 1: hidden states are [S, hidden].
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
 
 from kvstore.kv import ChunkKV
+from kvstore.rope import RE_ROTATABLE_ROPE_TYPES, apply_rope, rope_cos_sin
 from workers.attention import attend
 from workers.cache import KVCache, LayerKV
 from workers.model import DEFAULT_MODEL, LoadedModel, load_model
-from workers.rope import RE_ROTATABLE_ROPE_TYPES, rope_cos_sin, rotate_half
 
 
 class AttentionObserver(Protocol):
@@ -109,8 +110,7 @@ class ModelRunner:
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = rope_cos_sin(positions, self.inv_freq.to(positions.device))
         cos, sin = (cos * self.rope_scale).to(self.dtype), (sin * self.rope_scale).to(self.dtype)
-        q = (q.transpose(0, 1) * cos) + (rotate_half(q.transpose(0, 1)) * sin)
-        k = (k.transpose(0, 1) * cos) + (rotate_half(k.transpose(0, 1)) * sin)
+        q, k = apply_rope(q.transpose(0, 1), cos, sin), apply_rope(k.transpose(0, 1), cos, sin)
         return q, k, v.transpose(0, 1)
 
     def layer_forward(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
@@ -161,5 +161,6 @@ class ModelRunner:
             if layer_input is not None:
                 layer_input(layer, hidden)
             hidden = self.layer_forward(layer, hidden, positions, cache)
-        return cache.to_chunk(token_ids)
+        # the keys' RoPE frequencies travel with them: a pre-RoPE codec un-rotates with them
+        return dataclasses.replace(cache.to_chunk(token_ids), inv_freq=self.inv_freq)
 

@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from typing import Iterable, Iterator
 
+from kvstore.stats import BackendStats
+
 _KEY_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$")
 
 
@@ -61,7 +63,7 @@ class Backend(ABC):
     def keys(self) -> Iterator[str]: ...
 
     @abstractmethod
-    def stats(self) -> dict: ...
+    def stats(self) -> BackendStats: ...
 
     def close(self) -> None:
         pass
@@ -132,5 +134,6 @@ class LRUIndex:
         return victims
 
     def counts(self) -> dict:
+        """The LRU's figures, as BackendStats fields."""
         return {"bytes_used": self.used, "budget_bytes": self.budget, "blocks": len(self.sizes),
                 "pinned": len(self.pinned), "evictions": self.evictions}

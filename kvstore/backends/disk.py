@@ -22,6 +22,7 @@ from typing import Iterator
 
 from kvstore.backends.base import Backend, BackendUnavailable, LRUIndex, check_key
 from kvstore.backends.registry import register_backend
+from kvstore.stats import BackendStats
 
 BLOCK_SUFFIX = ".blk"
 PIN_SUFFIX = ".pin"
@@ -209,7 +210,7 @@ class DiskBackend(Backend):
 
     def stats(self) -> dict:
         with self._lru.lock:
-            return {"backend": "disk", **self._lru.counts(), "hits": self.hits, "misses": self.misses}
+            return BackendStats("disk", **self._lru.counts(), hits=self.hits, misses=self.misses)
 
     def __repr__(self) -> str:
         return f"DiskBackend({str(self.root)!r}, budget_bytes={self._lru.budget})"

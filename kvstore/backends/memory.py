@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator
 
 from kvstore.backends.base import Backend, LRUIndex, check_key
 from kvstore.backends.registry import register_backend
+from kvstore.stats import BackendStats
 
 
 @register_backend("memory")
@@ -73,7 +75,7 @@ class MemoryBackend(Backend):
             return iter(list(self._data))
 
     def stats(self) -> dict:
-        return {"backend": "memory", **self._lru.counts(), "hits": self.hits, "misses": self.misses}
+        return BackendStats("memory", **self._lru.counts(), hits=self.hits, misses=self.misses)
 
     def __repr__(self) -> str:
         return f"MemoryBackend(budget_bytes={self._lru.budget})"
@@ -145,9 +147,7 @@ class MemoryTier(Backend):
         return self.inner.keys()
 
     def stats(self) -> dict:
-        tier = self.cache.stats()
-        return {**self.inner.stats(), "tier": {k: tier[k] for k in ("bytes_used", "budget_bytes", "blocks",
-                                                                     "evictions", "hits", "misses")}}
+        return replace(self.inner.stats(), tier=self.cache.stats())
 
     def close(self) -> None:
         self.inner.close()

@@ -1,10 +1,16 @@
-"""Codec registry: fp16, int8, int4, kivi2. Math in codecs/quant.py."""
+"""Codec registry: fp16, int8, int4 and the KIVI layout (kivi2, k3v2, k3v3, k4v2, k4v3, k4v4).
+
+Math in codecs/quant.py; device dispatch (Triton on CUDA) in kvstore/kernels/dispatch.py."""
 
 from kvstore.codecs.base import CODECS, Codec, CodecError, codec_from_spec, make_codec, register_codec
 from kvstore.codecs.fp16 import FP16
 from kvstore.codecs.int4 import Int4
 from kvstore.codecs.int8 import Int8
-from kvstore.codecs.kivi2 import Kivi2
+from kvstore.codecs.kivi import K3V2, K3V3, K4V2, K4V3, K4V4, KiviCodec, Kivi2
 
-__all__ = ["CODECS", "Codec", "CodecError", "FP16", "Int4", "Int8", "Kivi2", "codec_from_spec", "make_codec",
-           "register_codec"]
+# The serving default (EngineConfig, `ragkv serve`): the fewest bytes per token whose quality-suite
+# answers stay within 2 points of fp16, codec-only and under blend (README "Codecs").
+DEFAULT_CODEC = "k4v3"
+
+__all__ = ["CODECS", "DEFAULT_CODEC", "Codec", "CodecError", "FP16", "Int4", "Int8", "K3V2", "K3V3", "K4V2", "K4V3", "K4V4",
+           "KiviCodec", "Kivi2", "codec_from_spec", "make_codec", "register_codec"]

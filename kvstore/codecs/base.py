@@ -3,6 +3,13 @@
 A codec's `params()` go into every block header and into the content address,
 so two codecs that would produce different bytes never share an address.
 Compression (lz4) is the block layer's job, not the codec's.
+
+Encoding is two steps, so KV computed on a GPU is quantized there and only the
+packed bytes cross to the host: `encode_parts(keys, values)` returns the payload's
+tensors, in order, on the input's device (Triton kernels on CUDA, the torch
+reference elsewhere: kvstore/kernels/dispatch.py); `to_bytes` concatenates host
+tensors (kvstore/kernels/transfer.py:to_host makes the copy). `decode(...,
+device=)` moves the payload to the device once and dequantizes it there.
 """
 
 from __future__ import annotations
@@ -31,14 +38,25 @@ class Codec:
     def spec(self) -> dict:
         return {"name": self.name, "params": self.params()}
 
+    # keys are stored before rotary embedding (KVQuant): a block layer concern, see kvstore/block.py
+    pre_rope: ClassVar[bool] = False
+
     def payload_size(self, shape: Shape) -> int:
         """Exact byte length of encode() for this shape: the decoder checks it before allocating."""
         raise NotImplementedError
 
-    def encode(self, keys: torch.Tensor, values: torch.Tensor) -> bytes:
+    def encode_parts(self, keys: torch.Tensor, values: torch.Tensor) -> list[torch.Tensor]:
+        """The payload as tensors on the input's device; their raw bytes, in order, are the payload."""
         raise NotImplementedError
 
-    def decode(self, payload: bytes, shape: Shape, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, keys: torch.Tensor, values: torch.Tensor) -> bytes:
+        from kvstore.kernels.transfer import to_host
+
+        return to_bytes(*to_host(self.encode_parts(keys, values)))
+
+    def decode(self, payload: bytes, shape: Shape, dtype: torch.dtype,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """payload -> keys, values [L, H, T, D] of `dtype` on `device` (default CPU)."""
         raise NotImplementedError
 
 
@@ -46,20 +64,21 @@ class Codec:
 class PerTensorCodec(Codec):
     """A codec that treats keys and values alike: the payload is encode_tensor(keys) + encode_tensor(values)."""
 
-    def encode_tensor(self, x: torch.Tensor) -> bytes:
+    def encode_tensor(self, x: torch.Tensor) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def decode_tensor(self, reader: "PayloadReader", shape: Shape) -> torch.Tensor:
+    def decode_tensor(self, reader: "PayloadReader", shape: Shape, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
 
-    def encode(self, keys: torch.Tensor, values: torch.Tensor) -> bytes:
+    def encode_parts(self, keys: torch.Tensor, values: torch.Tensor) -> list[torch.Tensor]:
         self.payload_size(tuple(keys.shape))  # validates the shape before any work
-        return self.encode_tensor(keys) + self.encode_tensor(values)
+        return [*self.encode_tensor(keys), *self.encode_tensor(values)]
 
-    def decode(self, payload: bytes, shape: Shape, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        reader = PayloadReader(payload, self.payload_size(shape))
-        keys = self.decode_tensor(reader, shape)
-        values = self.decode_tensor(reader, shape)
+    def decode(self, payload: bytes, shape: Shape, dtype: torch.dtype,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        reader = PayloadReader(payload, self.payload_size(shape), device)
+        keys = self.decode_tensor(reader, shape, dtype)
+        values = self.decode_tensor(reader, shape, dtype)
         return keys.to(dtype), values.to(dtype)
 
 
@@ -98,29 +117,48 @@ def codec_from_spec(spec: "str | dict | Codec") -> Codec:
 # -- byte helpers shared by the codecs --------------------------------------------
 
 def to_bytes(*tensors: torch.Tensor) -> bytes:
-    """Concatenate the raw little-endian bytes of contiguous tensors."""
+    """Concatenate the raw little-endian bytes of contiguous host tensors.
+
+    Device tensors are refused: the device -> host copy is an explicit step
+    (kvstore.kernels.transfer.to_host), never a hidden one here."""
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise ValueError(f"to_bytes needs host tensors, got one on {t.device}; copy with transfer.to_host")
     return b"".join(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors if t.numel())
 
 
 class PayloadReader:
-    """Cuts a payload into typed tensors, in order; the total length is checked up front."""
+    """Cuts a payload into typed tensors, in order; the total length is checked up front.
 
-    def __init__(self, payload: bytes, expected: int):
+    With a `device`, the whole payload is copied there once (kvstore.kernels.transfer.to_device)
+    and every tensor taken is a view of that one device buffer."""
+
+    def __init__(self, payload: bytes, expected: int, device: torch.device | str | None = None):
         if len(payload) != expected:
             raise CodecError(f"payload is {len(payload)} bytes, expected {expected}")
         # one writable copy so torch.frombuffer can share it without warnings
-        self._buf = bytearray(payload)
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
+        if device is not None and torch.device(device).type != "cpu":
+            from kvstore.kernels.transfer import to_device
+
+            buf = to_device(buf, device)
+        self._buf = buf
         self._pos = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self._buf.device
 
     def take(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         count = math.prod(shape)
-        nbytes = count * torch.tensor([], dtype=dtype).element_size()
+        size = torch.empty((), dtype=dtype).element_size()
+        start, self._pos = self._pos, self._pos + count * size
         if count == 0:
-            self._pos += nbytes
-            return torch.empty(shape, dtype=dtype)
-        t = torch.frombuffer(self._buf, dtype=dtype, count=count, offset=self._pos).reshape(shape)
-        self._pos += nbytes
-        return t
+            return torch.empty(shape, dtype=dtype, device=self._buf.device)
+        raw = self._buf[start:self._pos]
+        if start % size:  # a typed view needs an aligned offset: copy this part out
+            raw = raw.clone()
+        return raw.view(dtype).reshape(shape)
 
 
 def check_shape(shape: Shape) -> Shape:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.codecs.base import PayloadReader, PerTensorCodec, Shape, check_shape, register_codec, to_bytes
+from kvstore.codecs.base import PayloadReader, PerTensorCodec, Shape, check_shape, register_codec
 
 
 @register_codec
@@ -18,8 +18,8 @@ class FP16(PerTensorCodec):
     def payload_size(self, shape: Shape) -> int:
         return 2 * 2 * math.prod(check_shape(shape))
 
-    def encode_tensor(self, x: torch.Tensor) -> bytes:
-        return to_bytes(x.half())
+    def encode_tensor(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [x.half()]
 
-    def decode_tensor(self, reader: PayloadReader, shape: Shape) -> torch.Tensor:
+    def decode_tensor(self, reader: PayloadReader, shape: Shape, dtype: torch.dtype) -> torch.Tensor:
         return reader.take(torch.float16, shape)

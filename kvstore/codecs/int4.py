@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from kvstore.codecs import quant
-from kvstore.codecs.base import CodecError, PayloadReader, PerTensorCodec, Shape, check_shape, register_codec, to_bytes
+from kvstore.codecs.base import CodecError, PayloadReader, PerTensorCodec, Shape, check_shape, register_codec
+from kvstore.kernels import dispatch as kernels
 
 
 @register_codec
@@ -34,14 +35,14 @@ class Int4(PerTensorCodec):
         vecs = layers * heads * tokens
         return 2 * vecs * (dim // 2 + 4 * quant.num_groups(dim, self.group_size))
 
-    def encode_tensor(self, x: torch.Tensor) -> bytes:
-        q, scale, zero = quant.quantize_per_token(x, 4, self.group_size)  # q: [L,H,T,D]
-        return to_bytes(quant.pack_4bit(q), scale, zero)
+    def encode_tensor(self, x: torch.Tensor) -> list[torch.Tensor]:
+        codes, scale, zero = kernels.quantize_token(x, 4, self.group_size)  # codes [L,H,T,D/2]
+        return [codes, scale, zero]
 
-    def decode_tensor(self, r: PayloadReader, shape: Shape) -> torch.Tensor:
+    def decode_tensor(self, r: PayloadReader, shape: Shape, dtype: torch.dtype) -> torch.Tensor:
         layers, heads, tokens, dim = shape
         packed = r.take(torch.uint8, (layers, heads, tokens, dim // 2))
         gshape = (layers, heads, tokens, quant.num_groups(dim, self.group_size))
         scale = r.take(torch.float16, gshape)
         zero = r.take(torch.float16, gshape)
-        return quant.dequantize_asym(quant.unpack_4bit(packed), scale, zero, self.group_size)
+        return kernels.dequantize_token(packed, scale, zero, 4, self.group_size, out_dtype=dtype)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.codecs import quant
-from kvstore.codecs.base import PayloadReader, PerTensorCodec, Shape, check_shape, register_codec, to_bytes
+from kvstore.codecs.base import PayloadReader, PerTensorCodec, Shape, check_shape, register_codec
+from kvstore.kernels import dispatch as kernels
 
 
 @register_codec
@@ -35,19 +35,15 @@ class Int8(PerTensorCodec):
         per_tensor = layers * heads * tokens * (dim + (2 if self.symmetric else 4))
         return 2 * per_tensor
 
-    def encode_tensor(self, x: torch.Tensor) -> bytes:
-        if self.symmetric:
-            q, scale = quant.quantize_sym(x, 8)  # q: [L,H,T,D] int8, scale: [L,H,T,1]
-            return to_bytes(q, scale)
-        q, scale, zero = quant.quantize_per_token(x, 8)  # one group = the whole head_dim vector
-        return to_bytes(q, scale, zero)
+    def encode_tensor(self, x: torch.Tensor) -> list[torch.Tensor]:
+        # q: [L,H,T,D] (int8 if symmetric, else uint8), scale/zero: [L,H,T,1]: one group = the whole vector
+        q, scale, zero = kernels.quantize_token(x, 8, max(x.shape[-1], 1), self.symmetric)
+        return [q, scale] if self.symmetric else [q, scale, zero]
 
-    def decode_tensor(self, r: PayloadReader, shape: Shape) -> torch.Tensor:
+    def decode_tensor(self, r: PayloadReader, shape: Shape, dtype: torch.dtype) -> torch.Tensor:
         scale_shape = (*shape[:3], 1)
-        if self.symmetric:
-            q = r.take(torch.int8, shape)
-            return quant.dequantize_sym(q, r.take(torch.float16, scale_shape))
-        q = r.take(torch.uint8, shape)
+        q = r.take(torch.int8 if self.symmetric else torch.uint8, shape)
         scale = r.take(torch.float16, scale_shape)
-        zero = r.take(torch.float16, scale_shape)
-        return quant.dequantize_asym(q, scale, zero, max(shape[3], 1))
+        zero = None if self.symmetric else r.take(torch.float16, scale_shape)
+        return kernels.dequantize_token(q, scale, zero, 8, max(shape[3], 1), symmetric=self.symmetric,
+                                        out_dtype=dtype)

@@ -13,16 +13,19 @@ packed layouts byte for byte, so the layouts are spelled out here:
   scale/zero, so what the decoder sees is exactly what the encoder used.
   A constant group (max == min) stores scale 0 and q = 0.
 - Symmetric (int8 only): scale = absmax / 127, q = clamp(round(x / scale), -127, 127).
-- Packing runs along the last axis too, low bits first:
+- Packing runs along the last axis too, as a little-endian bit stream (pack_bits):
   4 bit:  byte = q[2i]   | q[2i+1] << 4
   2 bit:  byte = q[4i]   | q[4i+1] << 2 | q[4i+2] << 4 | q[4i+3] << 6
-  The last axis must be a multiple of 2 (4 bit) or 4 (2 bit).
+  3 bit:  8 codes in 3 bytes, code i at stream bits [3i, 3i+3) (it may straddle two bytes)
+  The last axis must fill whole bytes: a multiple of 2 (4 bit), 4 (2 bit) or 8 (3 bit).
 
 Only integer/float torch ops are used (no numpy), so each line has a direct
 Triton counterpart.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -117,27 +120,60 @@ def dequantize_per_channel(q: torch.Tensor, scale: torch.Tensor, zero: torch.Ten
     return dequantize_asym(q.transpose(-1, -2), scale, zero, group_size).transpose(-1, -2)
 
 
-def pack_4bit(q: torch.Tensor) -> torch.Tensor:
-    """q: [..., N] uint8 in [0, 16), N even -> [..., N/2] uint8, low nibble first."""
-    if q.shape[-1] % 2:
-        raise ValueError(f"pack_4bit needs an even last axis, got {q.shape[-1]}")
-    q = q.reshape(*q.shape[:-1], q.shape[-1] // 2, 2)
-    return q[..., 0] | (q[..., 1] << 4)
+def _chunking(bits: int) -> tuple[int, int]:
+    """(codes, bytes) of the smallest whole-byte run: 8 // gcd(8, bits) codes fill bits // gcd(8, bits) bytes."""
+    g = math.gcd(8, bits)
+    return 8 // g, bits // g
 
 
-def unpack_4bit(p: torch.Tensor) -> torch.Tensor:
-    """p: [..., N/2] uint8 -> [..., N] uint8"""
-    return torch.stack((p & 0xF, p >> 4), dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
+def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """q: [..., N] uint8 in [0, 2^bits) -> [..., N*bits/8] uint8: a little-endian bit stream.
+
+    Element i occupies bits [i*bits, (i+1)*bits) of the stream, low bit first; N*bits must be a
+    multiple of 8. For bits dividing 8 a byte holds whole codes (4 bit: q[2i] | q[2i+1] << 4); for
+    3 bits, 8 codes fill 3 bytes and a code may straddle two bytes. Runs of `codes` codes are
+    gathered into one int64 word, then cut into `nbytes` bytes.
+    """
+    check_pack(q.shape[-1], bits)
+    if bits == 8:
+        return q
+    codes, nbytes = _chunking(bits)
+    lead, n = q.shape[:-1], q.shape[-1]
+    word = _join(q.reshape(*lead, n // codes, codes), bits)  # [..., runs]
+    return _split(word, 8, nbytes).reshape(*lead, n * bits // 8)
 
 
-def pack_2bit(q: torch.Tensor) -> torch.Tensor:
-    """q: [..., N] uint8 in [0, 4), N % 4 == 0 -> [..., N/4] uint8, lowest bits = first element."""
-    if q.shape[-1] % 4:
-        raise ValueError(f"pack_2bit needs a last axis divisible by 4, got {q.shape[-1]}")
-    q = q.reshape(*q.shape[:-1], q.shape[-1] // 4, 4)
-    return q[..., 0] | (q[..., 1] << 2) | (q[..., 2] << 4) | (q[..., 3] << 6)
+def unpack_bits(p: torch.Tensor, bits: int) -> torch.Tensor:
+    """p: [..., N*bits/8] uint8 -> q: [..., N] uint8 (inverse of pack_bits)."""
+    if bits == 8:
+        return p
+    codes, nbytes = _chunking(bits)
+    lead, m = p.shape[:-1], p.shape[-1]
+    word = _join(p.reshape(*lead, m // nbytes, nbytes), 8)  # [..., runs]
+    return _split(word, bits, codes).reshape(*lead, m * 8 // bits)
 
 
-def unpack_2bit(p: torch.Tensor) -> torch.Tensor:
-    """p: [..., N/4] uint8 -> [..., N] uint8"""
-    return torch.stack((p & 3, (p >> 2) & 3, (p >> 4) & 3, p >> 6), dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 4)
+def _join(fields: torch.Tensor, width: int) -> torch.Tensor:
+    """fields [..., K] uint8, each < 2^width -> [...] int64 word, field k at bits [k*width, (k+1)*width)."""
+    fields = fields.to(torch.int64)
+    word = fields[..., 0].clone()
+    for k in range(1, fields.shape[-1]):
+        word |= fields[..., k] << (k * width)
+    return word
+
+
+def _split(word: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    """Inverse of _join: [...] int64 -> [..., count] uint8 fields of `width` bits, lowest first."""
+    mask = (1 << width) - 1
+    return torch.stack([(word >> (k * width)) & mask for k in range(count)], dim=-1).to(torch.uint8)
+
+
+PACK_BITS = (2, 3, 4, 8)  # widths every codec, the reference ops and the Triton kernels support
+
+
+def check_pack(n: int, bits: int) -> None:
+    """ValueError unless `bits` is a supported width and n codes fill whole bytes."""
+    if bits not in PACK_BITS:
+        raise ValueError(f"bits must be one of {PACK_BITS}, got {bits}")
+    if n * bits % 8:
+        raise ValueError(f"{bits}-bit packing needs the last axis divisible by {8 // math.gcd(8, bits)}, got {n}")

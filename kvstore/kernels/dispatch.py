@@ -7,9 +7,10 @@
 Triton is imported on first use, never by `import kvstore`. Ops, by codec:
     int8   quantize_token(x, 8, D, symmetric)       dequantize_token(..., 8, D, symmetric=...)
     int4   quantize_token(x, 4, G)                  dequantize_token(..., 4, G)
-    kivi2  keys: quantize_channel(k, 2, G)          dequantize_channel(..., 2, G, delta=, inv_freq=)
-           values: quantize_token(v, 2, G)          dequantize_token(..., 2, G)
-    rerotate_keys(keys, delta, inv_freq): RoPE re-rotation of float keys (workers/rope.py).
+    KIVI layout (kivi2, k4v2, k3v2, ...; kvstore/codecs/kivi.py), key bits KB, value bits VB in 2, 3, 4:
+           keys: quantize_channel(k, KB, G)         dequantize_channel(..., KB, G, delta=, inv_freq=)
+           values: quantize_token(v, VB, G)         dequantize_token(..., VB, G)
+    rerotate_keys(keys, delta, inv_freq): RoPE re-rotation of float keys (kvstore/rope.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import os
 
 import torch
 
+from kvstore.codecs import quant
 from kvstore.kernels import reference
 
-BACKENDS = ("auto", "torch", "triton")
+KERNEL_BACKENDS = ("auto", "torch", "triton")
 
 
 @functools.cache
@@ -37,8 +39,8 @@ def triton_available() -> bool:
 def resolve_backend(tensor: torch.Tensor, backend: str | None = None) -> str:
     """'torch' or 'triton' for an op on `tensor`."""
     backend = backend or "auto"
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend not in KERNEL_BACKENDS:
+        raise ValueError(f"backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
     if backend == "torch" or os.environ.get("RAGKV_FORCE_TORCH", "") not in ("", "0"):
         return "torch"
     if backend == "triton":
@@ -60,8 +62,7 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 
 
 def _check_head_dim(d: int, bits: int) -> None:
-    if d % (8 // bits):
-        raise ValueError(f"{bits}-bit packing needs head_dim divisible by {8 // bits}, got {d}")
+    quant.check_pack(d, bits)
 
 
 def quantize_token(x: torch.Tensor, bits: int, group_size: int, symmetric: bool = False, backend: str | None = None):
@@ -95,7 +96,7 @@ def dequantize_token(codes, scale, zero, bits: int, group_size: int, *, symmetri
     if resolve_backend(codes, backend) == "torch":
         return reference.dequantize_token(codes, scale, zero, bits, group_size, symmetric=symmetric, delta=delta,
                                           inv_freq=inv_freq, out_dtype=out_dtype)
-    head_dim = codes.shape[-1] * (8 // bits)
+    head_dim = codes.shape[-1] * 8 // bits
     out = _kernels().dequantize(_flat(codes), _flat(scale), None if zero is None else _flat(zero), bits, group_size,
                                 head_dim, symmetric=symmetric, delta=_check_rotation(delta, inv_freq),
                                 inv_freq=inv_freq, out_dtype=out_dtype)
@@ -109,7 +110,7 @@ def dequantize_channel(codes, scale, zero, bits: int, group_size: int, *, delta=
     if resolve_backend(codes, backend) == "torch":
         return reference.dequantize_channel(codes, scale, zero, bits, group_size, delta=delta, inv_freq=inv_freq,
                                             out_dtype=out_dtype)
-    head_dim = codes.shape[-1] * (8 // bits)
+    head_dim = codes.shape[-1] * 8 // bits
     out = _kernels().dequantize(_flat(codes), _flat(scale), _flat(zero), bits, group_size, head_dim,
                                 per_channel=True, delta=_check_rotation(delta, inv_freq), inv_freq=inv_freq,
                                 out_dtype=out_dtype)

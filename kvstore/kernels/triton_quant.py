@@ -4,6 +4,11 @@ Imported lazily by kvstore.kernels.dispatch only. Layouts are those of
 kvstore/codecs/quant.py; kvstore/kernels/reference.py is the spec these match.
 Every launcher takes [LH, T, D] views (the dispatch flattens leading axes).
 
+Codes are quant.pack_bits streams, D*BITS/8 bytes per row. For BITS dividing 8 a
+byte holds whole codes (PACK = 8 // BITS of them); for 3 bits (STREAM) byte p holds
+stream bits [8p, 8p+8), so the packer gathers each of its 8 bits from code
+(8p + k) // BITS, and the unpacker reads a code from the two bytes it may straddle.
+
 Bit-exactness of quantize: the only float ops are sub, IEEE division (tl.div_rn)
 and fp32 -> fp16 casts (round to nearest even), and round-half-to-even is done
 with floor arithmetic (`_round_half_even`), so codes and scales equal torch's
@@ -84,51 +89,73 @@ def _scale_offset(r, d, T, D, NG, G, PER_CHANNEL: tl.constexpr):
 
 
 @triton.jit
+def _quantize_at(x_ptr, scale_ptr, zero_ptr, r, d, mask, T, D, NG, G, BITS: tl.constexpr, PER_CHANNEL: tl.constexpr):
+    """Asymmetric code (int32 in [0, 2^BITS)) of element (row r, channel d)."""
+    QMAX: tl.constexpr = (1 << BITS) - 1
+    x = tl.load(x_ptr + r * D + d, mask=mask, other=0.0).to(tl.float32)
+    soff = _scale_offset(r, d, T, D, NG, G, PER_CHANNEL)
+    scale = tl.load(scale_ptr + soff, mask=mask, other=1.0).to(tl.float32)
+    safe = tl.where(scale > 0, scale, 1.0)
+    zero = tl.load(zero_ptr + soff, mask=mask, other=0.0).to(tl.float32)
+    q = tl.minimum(tl.maximum(_round_half_even(tl.div_rn(x - zero, safe)), 0.0), QMAX * 1.0)
+    return tl.where(scale > 0, q, 0.0).to(tl.int32)
+
+
+@triton.jit
 def _quant_pack_kernel(x_ptr, scale_ptr, zero_ptr, codes_ptr, R, T, D, NG, G,
                        BITS: tl.constexpr, SYM: tl.constexpr, PER_CHANNEL: tl.constexpr,
                        BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
-    # x: [R, D] -> codes [R, D / PACK], PACK = 8 // BITS codes per byte, low bits first
-    PACK: tl.constexpr = 8 // BITS
-    QMAX: tl.constexpr = (1 << BITS) - 1
-    P = D // PACK
+    # x: [R, D] -> codes [R, P], P = D * BITS / 8 bytes per row, a little-endian bit stream
+    STREAM: tl.constexpr = 8 % BITS != 0
+    PACK: tl.constexpr = 8 if STREAM else 8 // BITS  # third axis: bits of a byte (STREAM) or codes of a byte
+    P = D * BITS // 8
     pid = tl.program_id(0)
     r2 = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]  # [BR, 1]
     p2 = tl.arange(0, BLOCK_P)[None, :]  # [1, BP]
     r = r2[:, :, None]  # [BR, 1, 1]
     p = p2[:, :, None]  # [1, BP, 1]
     k = tl.arange(0, PACK)[None, None, :]  # [1, 1, PACK]
-    d = p * PACK + k
     mask = (r < R) & (p < P)
-    x = tl.load(x_ptr + r * D + d, mask=mask, other=0.0).to(tl.float32)
-    soff = _scale_offset(r, d, T, D, NG, G, PER_CHANNEL)
-    scale = tl.load(scale_ptr + soff, mask=mask, other=1.0).to(tl.float32)
-    safe = tl.where(scale > 0, scale, 1.0)
+    out_mask = (r2 < R) & (p2 < P)
     if SYM:
+        d = p * PACK + k  # PACK == 1: d == p
+        x = tl.load(x_ptr + r * D + d, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.load(scale_ptr + _scale_offset(r, d, T, D, NG, G, PER_CHANNEL), mask=mask, other=1.0)
+        safe = tl.where(scale.to(tl.float32) > 0, scale.to(tl.float32), 1.0)
         q = tl.minimum(tl.maximum(_round_half_even(tl.div_rn(x, safe)), -127.0), 127.0)
-        tl.store(codes_ptr + r * P + p, q.to(tl.int8), mask=mask)  # PACK == 1: p == d
+        tl.store(codes_ptr + r * P + p, q.to(tl.int8), mask=mask)
+    elif STREAM:
+        s = p * 8 + k  # stream bit k of byte p: bit s % BITS of code s // BITS
+        q = _quantize_at(x_ptr, scale_ptr, zero_ptr, r, s // BITS, mask, T, D, NG, G, BITS, PER_CHANNEL)
+        byte = tl.sum(((q >> (s % BITS)) & 1) << k, axis=2)  # disjoint bits: sum == or
+        tl.store(codes_ptr + r2 * P + p2, byte.to(tl.uint8), mask=out_mask)
     else:
-        zero = tl.load(zero_ptr + soff, mask=mask, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(_round_half_even(tl.div_rn(x - zero, safe)), 0.0), QMAX * 1.0)
-        q = tl.where(scale > 0, q, 0.0).to(tl.int32)
+        q = _quantize_at(x_ptr, scale_ptr, zero_ptr, r, p * PACK + k, mask, T, D, NG, G, BITS, PER_CHANNEL)
         byte = tl.sum(q << (k * BITS), axis=2)  # disjoint bit fields: sum == or
-        tl.store(codes_ptr + r2 * P + p2, byte.to(tl.uint8), mask=(r2 < R) & (p2 < P))
+        tl.store(codes_ptr + r2 * P + p2, byte.to(tl.uint8), mask=out_mask)
 
 
 @triton.jit
 def _load_value(codes_ptr, scale_ptr, zero_ptr, r, d, mask, T, D, NG, G,
                 BITS: tl.constexpr, SYM: tl.constexpr, PER_CHANNEL: tl.constexpr, RAW: tl.constexpr):
     """fp32 value of element (r, d): dequantized from codes, or loaded as is (RAW)."""
-    PACK: tl.constexpr = 8 // BITS
+    STREAM: tl.constexpr = 8 % BITS != 0
     if RAW:
         x = tl.load(codes_ptr + r * D + d, mask=mask, other=0.0).to(tl.float32)
     else:
+        P = D * BITS // 8
         soff = _scale_offset(r, d, T, D, NG, G, PER_CHANNEL)
         scale = tl.load(scale_ptr + soff, mask=mask, other=0.0).to(tl.float32)
-        byte = tl.load(codes_ptr + r * (D // PACK) + d // PACK, mask=mask, other=0)
+        at = d * BITS  # the code's first stream bit
+        byte = tl.load(codes_ptr + r * P + at // 8, mask=mask, other=0)
         if SYM:
             x = byte.to(tl.float32) * scale
         else:
-            q = (byte.to(tl.int32) >> ((d % PACK) * BITS)) & ((1 << BITS) - 1)
+            word = byte.to(tl.int32)
+            if STREAM:  # the code may run into the next byte
+                nxt = tl.load(codes_ptr + r * P + at // 8 + 1, mask=mask & (at // 8 + 1 < P), other=0)
+                word = word | (nxt.to(tl.int32) << 8)
+            q = (word >> (at % 8)) & ((1 << BITS) - 1)
             zero = tl.load(zero_ptr + soff, mask=mask, other=0.0).to(tl.float32)
             x = q.to(tl.float32) * scale + zero
     return x
@@ -179,8 +206,8 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, symmetric: bool, per_c
         ng = -(-d // group_size)
         scale = torch.empty(lh, t, ng, dtype=torch.float16, device=x.device)
     zero = None if symmetric else torch.empty_like(scale)
-    pack = 8 // bits
-    codes = torch.empty(lh, t, d // pack, dtype=torch.int8 if symmetric else torch.uint8, device=x.device)
+    per_byte = 8 if 8 % bits else 8 // bits  # the pack kernel's third axis (stream bits, or codes)
+    codes = torch.empty(lh, t, d * bits // 8, dtype=torch.int8 if symmetric else torch.uint8, device=x.device)
     rows = lh * t
     if x.numel() == 0:
         return codes, scale, zero
@@ -196,8 +223,8 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, symmetric: bool, per_c
         _stats_token_kernel[(triton.cdiv(rows, block_r), ng)](
             x, scale, zero_arg, rows, d, ng, group_size,
             QMAX=127 if symmetric else (1 << bits) - 1, SYM=symmetric, BLOCK_R=block_r, BLOCK_G=block_g)
-    block_p = triton.next_power_of_2(d // pack)
-    block_r = _block_r(block_p * pack)
+    block_p = triton.next_power_of_2(d * bits // 8)
+    block_r = _block_r(block_p * per_byte)
     _quant_pack_kernel[(triton.cdiv(rows, block_r),)](
         x, scale, zero_arg, codes, rows, t, d, ng, group_size,
         BITS=bits, SYM=symmetric, PER_CHANNEL=per_channel, BLOCK_R=block_r, BLOCK_P=block_p)

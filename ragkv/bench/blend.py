@@ -17,10 +17,12 @@ from tqdm import tqdm
 from kvstore.codecs import codec_from_spec
 from ragkv.bench.divergence import kl_rows, teacher_forced
 from ragkv.bench.rag_dataset import make_queries
+from workers.blend import BlendConfig
 from workers.cache import KVCache
 from workers.generate import SamplingParams, decode
+from workers.modes import PREFILL_MODES as MODES
 from workers.prompt import build_prompt
-from workers.requests import MODES, GenerateRequest
+from workers.requests import GenerateRequest
 from workers.rope import rerotate_keys
 
 
@@ -36,9 +38,16 @@ def extract_answer(text: str) -> str:
     return " ".join(lines[0].lower().split()).rstrip(".") if lines else ""
 
 
-def stored_through(codec, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a store round trip gives back: [L, H, T, D] keys/values encoded and decoded by `codec`."""
-    return codec.decode(codec.encode(keys, values), tuple(keys.shape), keys.dtype)
+def stored_through(codec, keys: torch.Tensor, values: torch.Tensor,
+                   inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a store round trip gives back: [L, H, T, D] keys (rotated at 0..T-1) and values encoded and
+    decoded by `codec`. A pre-RoPE codec un-rotates the keys with `inv_freq` (required then) before
+    quantizing and rotates them back after, as a block and ChunkKV.keys_at do."""
+    from kvstore.kv import ChunkKV
+
+    kv = ChunkKV(keys, values, list(range(keys.shape[2])), inv_freq=inv_freq).with_rope(codec.pre_rope)
+    k, v = codec.decode(codec.encode(kv.keys, kv.values), tuple(keys.shape), keys.dtype)
+    return ChunkKV(k, v, kv.token_ids, inv_freq=inv_freq, pre_rope=codec.pre_rope).keys_at(0), v
 
 
 @torch.inference_mode()
@@ -74,30 +83,51 @@ def codec_only_text(runner, layout, round_trip, max_new_tokens: int) -> str:
                                          SamplingParams(max_new_tokens=max_new_tokens))))
 
 
+def _generate(engine, query, label: str, setting, max_new_tokens: int):
+    """One request; with a `setting` (BlendConfig) it runs as blend with that in place of the engine's."""
+    saved = engine.blend_setting
+    if setting is not None:
+        engine.blend_setting = (setting, "bench")
+    try:
+        return engine.generate(GenerateRequest(question=query.question, chunks=query.chunks,
+                                               mode="blend" if setting is not None else label,
+                                               max_new_tokens=max_new_tokens))
+    finally:
+        engine.blend_setting = saved
+
+
+def parse_setting(name: str):
+    """`METHOD@RATIO` (as `blend:METHOD@RATIO` in the quality suite) -> BlendConfig."""
+    method, _, ratio = name.removeprefix("blend:").partition("@")
+    return BlendConfig(recompute_ratio=float(ratio) if ratio else BlendConfig.recompute_ratio, method=method)
+
+
 def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_new_tokens: int, seed: int,
-            progress: bool = True) -> dict:
+            progress: bool = True, settings: dict | None = None) -> dict:
+    """`settings`: extra rows, label -> BlendConfig, each run as blend with that setting (side by side)."""
+    settings = settings or {}
+    labels = [*MODES, *settings]
     count = lambda text: len(engine.runner.tokenize(text))  # noqa: E731
     queries = make_queries(num_queries, num_chunks, chunk_tokens, count, seed=seed)
-    ttft = {mode: [] for mode in MODES}
-    correct = {mode: 0 for mode in MODES}
-    agree = {mode: 0 for mode in MODES}
+    ttft = {mode: [] for mode in labels}
+    correct = {mode: 0 for mode in labels}
+    agree = {mode: 0 for mode in labels}
     prompt_tokens = []
-    round_trip = partial(stored_through, codec_from_spec(engine.config.codec))
+    round_trip = partial(stored_through, codec_from_spec(engine.config.codec), inv_freq=engine.runner.inv_freq)
     codec_only = {"correct": 0, "agree": 0}
-    bar = tqdm(total=len(queries) * (2 + len(MODES)), desc=f"blend bench N={num_chunks}", disable=not progress)
+    bar = tqdm(total=len(queries) * (2 + len(labels)), desc=f"blend bench N={num_chunks}", disable=not progress)
     for query in queries:
         engine.ingest(query.chunks)
         bar.update()
         answers = {}
-        for mode in MODES:
-            result = engine.generate(GenerateRequest(question=query.question, chunks=query.chunks, mode=mode,
-                                                     max_new_tokens=max_new_tokens))
+        for mode in labels:
+            result = _generate(engine, query, mode, settings.get(mode), max_new_tokens)
             ttft[mode].append(result.ttft_s)
             answers[mode] = extract_answer(result.text)
             correct[mode] += query.answer in result.text
             bar.update()
         prompt_tokens.append(len(result.prompt_token_ids))
-        for mode in MODES:
+        for mode in labels:
             agree[mode] += answers[mode] == answers["full"]
         layout = build_prompt(engine.runner.tokenizer, "", [engine.runner.tokenize(c) for c in query.chunks],
                               query.question)
@@ -113,9 +143,9 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
         "chunk_tokens": chunk_tokens,
         "prompt_tokens": round(statistics.mean(prompt_tokens)),
         "ttft_s": median,
-        "speedup_vs_full": {mode: median["full"] / median[mode] for mode in MODES},
-        "accuracy": {mode: correct[mode] / len(queries) for mode in MODES},
-        "agreement_vs_full": {mode: agree[mode] / len(queries) for mode in MODES},
+        "speedup_vs_full": {mode: median["full"] / median[mode] for mode in labels},
+        "accuracy": {mode: correct[mode] / len(queries) for mode in labels},
+        "agreement_vs_full": {mode: agree[mode] / len(queries) for mode in labels},
         "queries": len(queries),
         # exact full-prefill KV stored through the codec, question recomputed: the cost of codec error alone
         "codec_only": {"accuracy": codec_only["correct"] / len(queries),
@@ -125,8 +155,11 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
 
 def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...] | None = None,
         chunk_tokens: int | None = None, num_queries: int | None = None, codec: str = "kivi2",
-        model: str = "default") -> dict:
-    """CONTRACT JSON for the main setting (8 chunks, or the only one run), plus `runs` for every N."""
+        model: str = "default", settings: tuple[str, ...] = ()) -> dict:
+    """The bench JSON (README "Benchmarks", `ragkv bench blend`) for the main setting (8 chunks, or the only one run), plus `runs` for every N.
+
+    `blend` runs the engine's setting for requests without a ratio (the stored calibration, else the default);
+    `settings` (`METHOD@RATIO` names) add rows measured side by side, labelled `blend:METHOD@RATIO`."""
     from workers.engine import Engine, EngineConfig
 
     chunk_counts = chunk_counts or ((4,) if quick else (4, 8, 16))
@@ -138,28 +171,32 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
             warm = make_queries(1, 2, 32, lambda t: len(engine.runner.tokenize(t)), seed=999)[0]
             for mode in MODES:  # first-call costs (allocator, kernels) stay out of the figures
                 engine.generate(GenerateRequest(question=warm.question, chunks=warm.chunks, mode=mode, max_new_tokens=2))
-            runs = [run_one(engine, n, chunk_tokens, num_queries, 24, seed=n, progress=progress) for n in chunk_counts]
+            extra = {f"blend:{parse_setting(s).name}": parse_setting(s) for s in settings}
+            runs = [run_one(engine, n, chunk_tokens, num_queries, 24, seed=n, progress=progress, settings=extra)
+                    for n in chunk_counts]
+            setting, source = engine.blend_setting
         finally:
             engine.close()
     main = next((r for r in runs if r["chunks"] == 8), runs[0])
-    return {**main, "codec": codec, "recompute_ratio": 0.15, "max_new_tokens": 24,
+    return {**main, "codec": codec, "recompute_ratio": setting.recompute_ratio,
+            "blend_setting": {"config": setting.name, "source": source}, "max_new_tokens": 24,
             "agreement_definition": "same extracted answer as full (first 5-digit code, else first line)",
             "runs": runs}
 
 
 def tune(num_queries: int = 8, num_chunks: int = 4, chunk_tokens: int = 128, codec: str = "kivi2",
          check_layers: tuple[int, ...] = (1, 2, 4), measures: tuple[str, ...] = ("k", "v", "kv"),
-         ratio: float = 0.15, progress: bool = True) -> dict:
+         ratio: float = BlendConfig.recompute_ratio, progress: bool = True) -> dict:
     """Which check layer and deviation measure keep blend closest to full? Mean teacher-forced KL vs full."""
     from kvstore.kv import ChunkKV
-    from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+    from workers.blend import blend_prefill, fuse_chunks
     from workers.runner import ModelRunner
 
     runner = ModelRunner.load()
     quantizer = codec_from_spec(codec)
 
     def stored(kv: ChunkKV) -> ChunkKV:
-        return ChunkKV(*stored_through(quantizer, kv.keys, kv.values), kv.token_ids)
+        return ChunkKV(*stored_through(quantizer, kv.keys, kv.values, runner.inv_freq), kv.token_ids)
 
     queries = make_queries(num_queries, num_chunks, chunk_tokens, lambda t: len(runner.tokenize(t)), seed=123)
     configs = [(layer, measure) for layer in check_layers for measure in measures]

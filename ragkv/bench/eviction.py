@@ -30,6 +30,7 @@ import statistics
 import torch
 from tqdm import tqdm
 
+from kvstore.codecs import DEFAULT_CODEC
 from ragkv.bench.divergence import kl_rows, teacher_forced
 from ragkv.bench.rag_dataset import NAMES, PLACES, distractor, make_chunk
 from workers.cache import KVCache, LayerKV
@@ -59,13 +60,16 @@ def clone(cache: KVCache) -> KVCache:
                             None if kv.head_mask is None else kv.head_mask.clone()) for kv in cache.layers])
 
 
-def passkey_prompt(runner, key: int, depth: float, filler_sentences: int):
+def passkey_chunks(key: int, depth: float, filler_sentences: int) -> list[str]:
+    """Filler with the needle at `depth`, in a few chunks, as a RAG request would have them."""
     sentences = [FILLER] * filler_sentences
     sentences.insert(int(round(depth * filler_sentences)), NEEDLE.format(key=key))
-    chunks = []  # a few chunks, as a RAG request would have
     step = max(1, len(sentences) // 4)
-    for i in range(0, len(sentences), step):
-        chunks.append(runner.tokenize("".join(sentences[i:i + step]).strip()))
+    return ["".join(sentences[i:i + step]).strip() for i in range(0, len(sentences), step)]
+
+
+def passkey_prompt(runner, key: int, depth: float, filler_sentences: int):
+    chunks = [runner.tokenize(text) for text in passkey_chunks(key, depth, filler_sentences)]
     return build_prompt(runner.tokenizer, SYSTEM_PROMPT, chunks, QUESTION)
 
 
@@ -83,7 +87,8 @@ def observed_prefill(runner, layout, configs: list[tuple[str, float, bool]]):
     """One full prefill observed by a compressor per config. -> (full cache, last logits, compressors)."""
     n = layout.num_tokens
     compressors = {cfg: make_compressor(CompressionSpec(policy=cfg[0], budget=cfg[1], protect_system_prompt=cfg[2]),
-                                        runner.shape, layout.prefix_len, n, inv_freq=runner.inv_freq)
+                                        runner.shape, layout.prefix_len, n, inv_freq=runner.inv_freq,
+                                        question_start=layout.suffix_start)
                    for cfg in configs}
 
     def observer(layer, q, q_positions, kv):
@@ -92,6 +97,9 @@ def observed_prefill(runner, layout, configs: list[tuple[str, float, bool]]):
 
     full = KVCache.empty(runner.shape.num_layers)
     logits = runner.forward(torch.tensor(layout.token_ids), torch.arange(n), full, observer=observer)
+    scores = None  # kvzip's reconstruction pass depends on the cache only: once per prompt
+    for c in compressors.values():
+        scores = c.prepare(runner, full, layout.token_ids, (0, layout.suffix_start), scores) or scores
     return full, logits, compressors
 
 
@@ -252,4 +260,18 @@ def _run(quick: bool, progress: bool, seed: int) -> dict:
         "retention_full_answers": full_answers,
         "protection_effect": protection_effect(results),
         "window_without_sinks": window_without_sinks(runner, quick),
+        "ingest": ingest_sweep(runner, prompts, filler_sentences, quick, progress),
     }
+
+
+def ingest_sweep(runner, prompts, filler_sentences: int, quick: bool, progress: bool) -> list[dict]:
+    """Chunks compressed at ingest (kvzip) through the engine: accuracy, TTFT, bytes vs the chunk budget."""
+    from ragkv.bench.ingest_compression import BUDGETS, ingest_rows
+
+    texts = [(passkey_chunks(key, depth, filler_sentences), key) for depth, key in prompts]
+    codecs = ("fp16", DEFAULT_CODEC) if not quick else (DEFAULT_CODEC,)
+    budgets = BUDGETS if not quick else (1.0, 0.3)
+    bar = tqdm(total=len(texts) * len(codecs) * len(budgets), desc="ingest compression", disable=not progress)
+    rows = ingest_rows(runner, texts, QUESTION, SYSTEM_PROMPT, MAX_NEW_TOKENS, codecs, budgets, bar)
+    bar.close()
+    return rows

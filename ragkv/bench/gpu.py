@@ -1,9 +1,14 @@
 """`python -m ragkv.bench.gpu --json OUT`: the GPU check, one JSON (deploy/gpu_check.sh runs it).
 
 1. the kernel tests on the GPU (pytest -m kernels, RAGKV_KERNEL_DEVICE=cuda);
-2. kernel bandwidth: Triton dequantize(+RoPE re-rotation) vs the torch reference, both on
-   the GPU, against the device's copy bandwidth (clone of a large tensor) measured in the same run;
-3. blend TTFT vs full prefill: Engine on the GPU, temp disk store, 8 chunks x 256 tokens, kivi2.
+2. kernel bandwidth: Triton dequantize(+RoPE rotation) vs the torch reference, both on
+   the GPU, against the device's copy bandwidth (clone of a large tensor) measured in the same run,
+   for the default codec (kvstore.codecs.DEFAULT_CODEC: pre-RoPE keys rotated per token at their
+   target positions), kivi2, int8 and int4;
+3. block encode on the device: quantize on the GPU, packed parts to the host through one pinned
+   buffer (kvstore/kernels/transfer.py), and decode back onto the device (payload copied once);
+4. blend TTFT vs full prefill: Engine on the GPU, temp disk store, default codec, 8 and 16 chunks
+   x 256 tokens.
 
 Fails fast, before any work, when torch sees no CUDA device or triton is missing.
 """
@@ -37,12 +42,18 @@ def require_cuda():
     return torch, triton
 
 
-def _time_ms(torch, fn, iters: int) -> float:
-    """Median wall time of fn() on the GPU, in ms (CUDA events, after 2 warm-up calls)."""
+def _time_ms(torch, fn, iters: int, device: str = "cuda") -> float:
+    """Median wall time of fn() in ms, after 2 warm-up calls (CUDA events on the GPU; perf_counter on CPU,
+    where the tests smoke-run these functions under TRITON_INTERPRET=1)."""
     for _ in range(2):
         fn()
     times = []
     for _ in range(iters):
+        if device != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -52,26 +63,39 @@ def _time_ms(torch, fn, iters: int) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth(torch, nbytes: int, iters: int) -> float:
+def copy_bandwidth(torch, nbytes: int, iters: int, device: str = "cuda") -> float:
     """GB/s of torch.clone (read + write) on this device."""
-    x = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    ms = _time_ms(torch, lambda: x.clone(), iters)
+    x = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    ms = _time_ms(torch, lambda: x.clone(), iters, device)
     return 2 * nbytes / ms / 1e6
 
 
-def kernel_bandwidth(torch, shape: tuple[int, int, int, int], iters: int, copy_gbs: float) -> dict:
+def kernel_bandwidth(torch, shape: tuple[int, int, int, int], iters: int, copy_gbs: float,
+                     device: str = "cuda") -> dict:
     """Triton vs torch reference for each hot-path op on fp16 KV of `shape` [L, H, T, D]."""
     from kvstore.kernels import dispatch as K
 
+    from kvstore.codecs import DEFAULT_CODEC, make_codec
+
     L, H, T, D = shape
-    x = torch.randn(shape, device="cuda", dtype=torch.float16)
-    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
+    x = torch.randn(shape, device=device, dtype=torch.float16)
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
     delta = 2048
+    positions = delta + torch.arange(T, device=device)  # pre-RoPE keys: one rotation to their target positions
     kivi_k = K.quantize_channel(x, 2, 32, backend="triton")
     kivi_v = K.quantize_token(x, 2, 32, backend="triton")
     int8 = K.quantize_token(x, 8, D, backend="triton")
     int4 = K.quantize_token(x, 4, 32, backend="triton")
+    default = make_codec(DEFAULT_CODEC)
+    kb, vb, g = getattr(default, "key_bits", 4), getattr(default, "value_bits", 2), getattr(default, "group_size", 32)
+    dk = K.quantize_channel(x, kb, g, backend="triton")
+    dv = K.quantize_token(x, vb, g, backend="triton")
     ops = {
+        f"{DEFAULT_CODEC}_keys_dequant_rotate": (dk, lambda b: K.dequantize_channel(
+            *dk, kb, g, delta=positions, inv_freq=inv_freq, out_dtype=torch.float16, backend=b)),
+        f"{DEFAULT_CODEC}_values_dequant": (dv, lambda b: K.dequantize_token(
+            *dv, vb, g, out_dtype=torch.float16, backend=b)),
+        f"{DEFAULT_CODEC}_keys_quantize": ((x,), lambda b: K.quantize_channel(x, kb, g, backend=b)),
         "kivi2_keys_dequant_rerotate": (kivi_k, lambda b: K.dequantize_channel(
             *kivi_k, 2, 32, delta=delta, inv_freq=inv_freq, out_dtype=torch.float16, backend=b)),
         "kivi2_values_dequant": (kivi_v, lambda b: K.dequantize_token(
@@ -89,12 +113,32 @@ def kernel_bandwidth(torch, shape: tuple[int, int, int, int], iters: int, copy_g
         nbytes = sum(t.numel() * t.element_size() for t in (*inputs, *result) if t is not None)
         row = {"bytes_moved": nbytes}
         for backend in ("triton", "torch"):
-            ms = _time_ms(torch, lambda: fn(backend), iters)
+            ms = _time_ms(torch, lambda: fn(backend), iters, device)
             row[backend] = {"ms": round(ms, 4), "gb_s": round(nbytes / ms / 1e6, 1)}
         row["speedup_vs_torch"] = round(row["torch"]["ms"] / row["triton"]["ms"], 2)
         row["fraction_of_copy_bw"] = round(row["triton"]["gb_s"] / copy_gbs, 3)
         out[name] = row
     return out
+
+
+def block_round_trip(torch, shape: tuple[int, int, int, int], iters: int, device: str = "cuda") -> dict:
+    """Default codec on fp16 KV resident on the GPU: encode (quantize there, pinned host copy of the packed
+    parts) and decode (payload to the device once, dequantize there), MB/s of fp16-equivalent KV."""
+    from kvstore.codecs import DEFAULT_CODEC, make_codec
+    from kvstore.codecs.base import to_bytes
+    from kvstore.kernels.transfer import pinned_ok, to_host
+
+    codec = make_codec(DEFAULT_CODEC)
+    keys = torch.randn(shape, device=device, dtype=torch.float16)
+    values = torch.randn(shape, device=device, dtype=torch.float16)
+    fp16_mb = 2 * keys.numel() * 2 / 1e6
+    payload = to_bytes(*to_host(codec.encode_parts(keys, values)))
+    assert payload == codec.encode(keys.cpu(), values.cpu()), "GPU encode differs from the CPU reference"
+    enc_ms = _time_ms(torch, lambda: to_bytes(*to_host(codec.encode_parts(keys, values))), iters, device)
+    dec_ms = _time_ms(torch, lambda: codec.decode(payload, shape, torch.float16, device=device), iters, device)
+    return {"codec": DEFAULT_CODEC, "shape": list(shape), "pinned": pinned_ok(), "payload_bytes": len(payload),
+            "encode_mb_s": round(fp16_mb / enc_ms * 1e3, 1), "decode_mb_s": round(fp16_mb / dec_ms * 1e3, 1),
+            "bytes_equal_cpu": True}
 
 
 def kernel_tests(timeout_s: int) -> dict:
@@ -114,14 +158,15 @@ def kernel_tests(timeout_s: int) -> dict:
 
 
 def blend_ttft(model: str, num_queries: int, num_chunks: int = 8, chunk_tokens: int = 256) -> dict:
-    """Median TTFT of full prefill vs blend on the GPU (kivi2, chunks ingested first)."""
+    """Median TTFT of full prefill vs blend on the GPU (default codec, chunks ingested first)."""
+    from kvstore.codecs import DEFAULT_CODEC
     from ragkv.bench.rag_dataset import make_queries
     from workers.engine import Engine, EngineConfig
     from workers.requests import GenerateRequest
 
     modes = ("full", "blend")
     with tempfile.TemporaryDirectory(prefix="ragkv-gpu-blend-") as tmp:
-        engine = Engine(EngineConfig(model=model, store=f"disk:{tmp}", codec="kivi2", device="cuda"))
+        engine = Engine(EngineConfig(model=model, store=f"disk:{tmp}", codec=DEFAULT_CODEC, device="cuda"))
         try:
             count = lambda text: len(engine.runner.tokenize(text))  # noqa: E731
             warm = make_queries(1, 2, 32, count, seed=999)[0]
@@ -141,7 +186,7 @@ def blend_ttft(model: str, num_queries: int, num_chunks: int = 8, chunk_tokens: 
         finally:
             engine.close()
     median = {mode: statistics.median(v) for mode, v in ttft.items()}
-    return {"device": device, "codec": "kivi2", "chunks": num_chunks, "chunk_tokens": chunk_tokens,
+    return {"device": device, "codec": DEFAULT_CODEC, "chunks": num_chunks, "chunk_tokens": chunk_tokens,
             "prompt_tokens": round(statistics.mean(prompt_tokens)), "queries": num_queries,
             "ttft_s": median, "speedup_blend_vs_full": median["full"] / median["blend"]}
 
@@ -158,15 +203,26 @@ def run(quick: bool = False, model: str = "default", tests: bool = True) -> dict
     shape = (4, 8, 1024, 128) if quick else (24, 8, 4096, 128)
     report["kernel_bandwidth"] = {"shape": list(shape), "dtype": "float16",
                                   "ops": kernel_bandwidth(torch, shape, iters, copy_gbs)}
+    report["block_round_trip"] = block_round_trip(torch, (30, 3, 1024, 64) if quick else (30, 3, 4096, 64), iters)
     torch.cuda.empty_cache()
-    report["blend"] = blend_ttft(model, num_queries=2 if quick else 6)
+    queries = 2 if quick else 6
+    report["blend"] = {str(n): blend_ttft(model, num_queries=queries, num_chunks=n) for n in (8, 16)}
+    sixteen = report["blend"]["16"]
+    fused = report["kernel_bandwidth"]["ops"]
+    report["acceptance"] = {
+        "kernel_tests_pass": bool(report["kernel_tests"].get("passed")),
+        "dequant_rerotate_fraction_of_copy_bw": max(
+            row["fraction_of_copy_bw"] for name, row in fused.items() if "rotate" in name and "dequant" in name),
+        "blend_ttft_over_full_at_16": sixteen["ttft_s"]["blend"] / sixteen["ttft_s"]["full"],
+    }
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ragkv.bench.gpu", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True, type=Path, help="write the report here")
+    parser.add_argument("--json", type=Path, default=REPO / "docs" / "results" / "gpu.json",
+                        help="write the report here (default docs/results/gpu.json)")
     parser.add_argument("--quick", action="store_true", help="small shapes, 2 blend queries")
     parser.add_argument("--no-tests", action="store_true", help="skip the GPU kernel tests")
     parser.add_argument("--model", default="default")

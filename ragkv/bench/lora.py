@@ -21,8 +21,9 @@ from tqdm import tqdm
 
 from kvstore.backends.memory import MemoryBackend
 from kvstore.store import BlockStore
-from workers.lora import AdapterModels, LoraKVStore, adapter_chunk, random_adapter, relative_error_per_layer
-from workers.lora.answer import answer
+from workers.blend import BlendConfig
+from workers.research.lora import AdapterModels, LoraKVStore, adapter_chunk, random_adapter, relative_error_per_layer
+from workers.research.lora.answer import answer
 from workers.prompt import build_prompt
 
 CODEC = "fp16"
@@ -128,7 +129,7 @@ def run(quick: bool = False, progress: bool = True, rank: int = 8, agreement_ada
         "codec": CODEC, "rank": rank, "targets": list(adapters[0].targets), "rel_scale": rel_scale,
         "chunks": len(samples), "chunk_tokens": [len(ids) for _, ids in samples],
         "agreement_adapters": agreement_adapters, "max_new_tokens": max_new_tokens,
-        "mode": "blend (recompute_ratio 0.15) on the adapter model; *_reuse: plain reuse",
+        "mode": f"blend (recompute_ratio {BlendConfig.recompute_ratio}) on the adapter model; *_reuse: plain reuse",
         "adapter_changes_answer": sum(changed) / len(changed),
         "load_s": {"full": statistics.median(t_full), "shared_incl_reconstruct": statistics.median(t_shared)},
         "rel_err_per_layer": {f"r{a.rank}": _error_figure(runner, models, a, samples, base_kv)

@@ -12,8 +12,6 @@ import statistics
 
 from kvstore.backends.redis_backend import redact_url
 
-HELP = "the main job on the embedded default model"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
@@ -56,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from ragkv.server.app import build_engine, start_server
 
     console = Console(width=max(Console().width, 150))
-    config = ServeConfig(host="127.0.0.1", port=0, model=args.model, store=args.store, codec=args.codec)
+    config = ServeConfig(host="127.0.0.1", port=0).with_overrides(model=args.model, store=args.store, codec=args.codec)
     with console.status(f"loading model {args.model!r} (first run converts the GGUF once)..."):
         engine = build_engine(config)
     running = start_server(config, engine)

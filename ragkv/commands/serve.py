@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 
-from ragkv.config import MiB, ServeConfig
-
-HELP = "run the gRPC server"
+from kvstore.codecs import CODECS
+from ragkv.commands.errors import flag_error
+from ragkv.config import ENGINE_FIELDS, MiB, ServeConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,7 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help=f"port to bind; 0 picks a free one (default {d.port})")
     p.add_argument("--model", help="default (embedded SmolLM2-135M-Instruct) or a local HF model directory")
     p.add_argument("--store", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
-    p.add_argument("--codec", choices=("fp16", "int8", "int4", "kivi2"), help=f"KV codec (default {d.codec})")
+    p.add_argument("--codec", choices=sorted(CODECS),
+                   help=f"KV codec (default {d.codec}: the fewest bytes per token that keeps the quality suite's "
+                        "answers within 2 points of fp16; README 'Codecs')")
     p.add_argument("--workers", help="inproc, ray (local cluster), auto (join a running cluster, else inproc) or ray://ADDRESS (default inproc)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--memory-budget", type=_size, dest="memory_budget_bytes", metavar="BYTES",
@@ -42,16 +45,29 @@ def _size(text: str) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
-    names = ("host", "port", "model", "store", "codec", "workers", "device", "memory_budget_bytes", "token",
-             "tls_cert", "tls_key", "metrics_port", "max_queue", "max_message_bytes", "grace_s", "log_level")
+    names = [f.name for f in fields(ServeConfig) if f.name != "engine"] + list(ENGINE_FIELDS)
     return ServeConfig.from_env().with_overrides(**{n: getattr(args, n, None) for n in names})
+
+
+def check_paths(config: ServeConfig) -> None:
+    """What can be checked before the model loads: the store URL's scheme, a --model directory."""
+    from kvstore.backends.registry import url_scheme
+    from workers.model import DEFAULT_MODEL, resolve_model_dir
+
+    try:
+        url_scheme(config.store_url)
+    except ValueError as e:
+        raise ValueError(f"--store: {e}") from e
+    if config.model != DEFAULT_MODEL:
+        resolve_model_dir(config.model)  # FileNotFoundError names --model
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
-    except ValueError as e:
-        raise SystemExit(f"ragkv serve: {e}") from e
+        check_paths(config)
+    except (ValueError, FileNotFoundError) as e:
+        raise flag_error("serve", str(e)) from e
     from ragkv.server import logs
     from ragkv.server.app import serve
 

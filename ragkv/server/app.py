@@ -6,7 +6,7 @@ import logging
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -19,6 +19,7 @@ from ragkv.server.interceptors import AuthInterceptor, ErrorInterceptor, Request
 from ragkv.server.metrics import Instrumented, Metrics
 from ragkv.server.servicer import RagKVServicer
 from ragkv.v1 import ragkv_pb2, ragkv_pb2_grpc
+from workers.protocol import EngineProtocol
 
 log = logging.getLogger("ragkv.server")
 
@@ -47,7 +48,7 @@ def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
     ]
 
 
-def start_server(config: ServeConfig, engine, metrics: Metrics | None = None) -> RunningServer:
+def start_server(config: ServeConfig, engine: EngineProtocol, metrics: Metrics | None = None) -> RunningServer:
     """Serve `engine` on config.host:config.port (port 0: any free one); returns once started."""
     metrics = metrics or Metrics()
     admission = Admission(config.max_queue)
@@ -80,16 +81,11 @@ def start_server(config: ServeConfig, engine, metrics: Metrics | None = None) ->
     return RunningServer(server=server, health=health_servicer, port=port, metrics=metrics)
 
 
-def build_engine(config: ServeConfig):
+def build_engine(config: ServeConfig) -> EngineProtocol:
     """The engine for `config`: in process (loads the model: seconds), or a thin front to Ray workers."""
-    from workers.engine import EngineConfig
     from workers.ray_pool import make_engine
 
-    kwargs = dict(model=config.model, store=config.store_url, codec=config.codec, device=config.device,
-                  workers=config.workers)
-    if config.memory_budget_bytes is not None:
-        kwargs["memory_budget_bytes"] = config.memory_budget_bytes
-    return make_engine(EngineConfig(**kwargs))
+    return make_engine(replace(config.engine, store=config.store_url))  # the driver resolves the default store
 
 
 def serve(config: ServeConfig) -> int:

@@ -5,6 +5,7 @@ request dataclass (ingest texts, chunk ids)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Sequence
 
 from ragkv.errors import InvalidArgument
@@ -34,10 +35,20 @@ def compression_spec(msg: pb.Compression) -> CompressionSpec:
         kwargs["budget"] = float(msg.budget_fraction)
     elif which == "budget_tokens":
         kwargs["budget"] = int(msg.budget_tokens)
+    decode = msg.WhichOneof("decode_budget")
+    if decode == "decode_budget_fraction":
+        kwargs["decode_budget"] = float(msg.decode_budget_fraction)
+    elif decode == "decode_budget_tokens":
+        kwargs["decode_budget"] = int(msg.decode_budget_tokens)
     for name in ("sink_tokens", "protect_system_prompt", "window"):
         if msg.HasField(name):
             kwargs[name] = getattr(msg, name)
     return CompressionSpec(**kwargs)
+
+
+def ingest_compression(msg: pb.IngestRequest) -> CompressionSpec | None:
+    """The ingest's compression spec, or None (absent: chunks are stored whole)."""
+    return compression_spec(msg.compression) if msg.HasField("compression") else None
 
 
 def generate_request(msg: pb.GenerateRequest) -> GenerateRequest:
@@ -55,7 +66,7 @@ def generate_request(msg: pb.GenerateRequest) -> GenerateRequest:
 
 
 def _jsonable(value):
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # dicts, and the typed stats (a Mapping over their JSON)
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]

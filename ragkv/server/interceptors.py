@@ -19,7 +19,7 @@ from google.protobuf import descriptor_pool
 
 from ragkv.errors import RagKVServerError
 from ragkv.server.wire import invalid_utf8_field
-from workers.requests import MODES
+from workers.modes import PREFILL_MODES
 
 log = logging.getLogger("ragkv.server")
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -59,7 +59,7 @@ def _aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: st
 
 def _mode_label(request) -> str:
     mode = getattr(request, "mode", "") or "blend"
-    return mode if mode in MODES else "invalid"  # bounded label values
+    return mode if mode in PREFILL_MODES else "invalid"  # bounded label values
 
 
 def _final_code(context) -> grpc.StatusCode:

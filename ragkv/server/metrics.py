@@ -15,8 +15,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvstore.stats import StoreStats
+from workers.protocol import EngineProtocol
+
 log = logging.getLogger("ragkv.server")
 
+REJECT_REASONS = ("corrupt", "foreign", "token_mismatch")  # StoreCounters fields: blocks refused on read
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -67,62 +71,45 @@ class Metrics:
                   ).set_function(lambda: admission.in_flight)
 
 
-def _backends(stats, path: str = "") -> Iterator[tuple[str, dict]]:
-    """Every dict in the engine's stats that describes a backend: {"backend": NAME, "bytes_used": ...}."""
-    if not isinstance(stats, dict):
-        return
-    if isinstance(stats.get("backend"), str) and "bytes_used" in stats:
-        yield stats["backend"], stats
-        tier = stats.get("tier")
-        if isinstance(tier, dict) and "bytes_used" in tier:
-            yield "memory_tier", tier
-        return
-    for key, value in stats.items():
-        yield from _backends(value, f"{path}.{key}")
-
-
 class StoreCollector(Collector):
-    def __init__(self, engine):
+    """Store figures at scrape time, read from the engine's typed stats (EngineStats.store)."""
+
+    def __init__(self, engine: EngineProtocol):
         self.engine = engine
 
+    def describe(self):  # the families without samples: registering must not call the engine
+        return list(self._families())
+
     def collect(self):
+        try:
+            store = self.engine.stats().store
+        except Exception:  # a scrape must not fail because the store is down
+            log.warning("engine.stats() failed during a metrics scrape", exc_info=True)
+            store = None
+        return list(self._families(store))
+
+    @staticmethod
+    def _families(store: StoreStats | None = None) -> Iterator:
         stored = GaugeMetricFamily("ragkv_store_bytes", "bytes stored, per backend", labels=["backend"])
         blocks = GaugeMetricFamily("ragkv_store_blocks", "blocks stored, per backend", labels=["backend"])
         evictions = CounterMetricFamily("ragkv_store_evictions", "blocks evicted to stay in budget, per backend",
                                         labels=["backend"])
-        try:
-            stats = self.engine.stats()
-        except Exception:  # a scrape must not fail because the store is down
-            log.warning("engine.stats() failed during a metrics scrape", exc_info=True)
-            stats = {}
-        for name, b in _backends(stats):
-            stored.add_metric([name], float(b.get("bytes_used", 0) or 0))
-            blocks.add_metric([name], float(b.get("blocks", 0) or 0))
-            evictions.add_metric([name], float(b.get("evictions", 0) or 0))
-        yield stored
-        yield blocks
-        yield evictions
-        yield _rejected(stats.get("store") if isinstance(stats, dict) else None)
-
-
-REJECT_REASONS = ("corrupt", "foreign", "token_mismatch")
-
-
-def _rejected(store) -> CounterMetricFamily:
-    """Blocks the store refused to serve (deleted, then recomputed by the caller), by reason."""
-    family = CounterMetricFamily("ragkv_store_rejected_blocks",
-                                 "stored blocks refused on read (damaged, other model, other tokens), by reason",
-                                 labels=["reason"])
-    store = store if isinstance(store, dict) else {}
-    for reason in REJECT_REASONS:
-        family.add_metric([reason], float(store.get(reason, 0) or 0))
-    return family
+        rejected = CounterMetricFamily("ragkv_store_rejected_blocks",
+                                       "stored blocks refused on read (damaged, other model, other tokens), by reason",
+                                       labels=["reason"])
+        for name, b in store.backend.backends() if store is not None and store.backend is not None else []:
+            stored.add_metric([name], float(b.bytes_used))
+            blocks.add_metric([name], float(b.blocks))
+            evictions.add_metric([name], float(b.evictions))
+        for reason in REJECT_REASONS:  # blocks the store refused to serve (deleted, then recomputed)
+            rejected.add_metric([reason], float(getattr(store.counters, reason)) if store is not None else 0.0)
+        yield from (stored, blocks, evictions, rejected)
 
 
 class Instrumented:
-    """The engine, with every result observed by `metrics`; other attributes delegate."""
+    """The engine, with every result observed by `metrics`; other attributes delegate (an EngineProtocol)."""
 
-    def __init__(self, engine, metrics: Metrics):
+    def __init__(self, engine: EngineProtocol, metrics: Metrics):
         self._engine = engine
         self._metrics = metrics
 

@@ -18,6 +18,7 @@ from ragkv.server import convert
 from ragkv.server.admission import Admission
 from ragkv.v1 import ragkv_pb2 as pb
 from ragkv.v1 import ragkv_pb2_grpc
+from workers.protocol import EngineProtocol
 
 
 def _stopper(context: grpc.ServicerContext) -> Callable[[], bool]:
@@ -25,15 +26,17 @@ def _stopper(context: grpc.ServicerContext) -> Callable[[], bool]:
 
 
 class RagKVServicer(ragkv_pb2_grpc.RagKVServicer):
-    def __init__(self, engine, admission: Admission):
+    def __init__(self, engine: EngineProtocol, admission: Admission):
         self.engine = engine
         self.admission = admission
         self.started = time.monotonic()
 
     def Ingest(self, request: pb.IngestRequest, context) -> pb.IngestResponse:
         texts = convert.ingest_texts(request)
+        compression = convert.ingest_compression(request)
+        extra = {} if compression is None else {"compression": compression}  # engines without it stay callable
         with self.admission.slot(_stopper(context)):
-            refs = self.engine.ingest(texts, pin=request.pin, namespace=request.namespace)
+            refs = self.engine.ingest(texts, pin=request.pin, namespace=request.namespace, **extra)
         return convert.chunk_refs(refs)
 
     def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:

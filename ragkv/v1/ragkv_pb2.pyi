@@ -17,14 +17,16 @@ class ChunkRef(_message.Message):
     def __init__(self, id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., cached: _Optional[bool] = ...) -> None: ...
 
 class IngestRequest(_message.Message):
-    __slots__ = ("texts", "pin", "namespace")
+    __slots__ = ("texts", "pin", "namespace", "compression")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
     pin: bool
     namespace: str
-    def __init__(self, texts: _Optional[_Iterable[str]] = ..., pin: _Optional[bool] = ..., namespace: _Optional[str] = ...) -> None: ...
+    compression: Compression
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., pin: _Optional[bool] = ..., namespace: _Optional[str] = ..., compression: _Optional[_Union[Compression, _Mapping]] = ...) -> None: ...
 
 class IngestResponse(_message.Message):
     __slots__ = ("chunks",)
@@ -33,20 +35,24 @@ class IngestResponse(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[ChunkRef, _Mapping]]] = ...) -> None: ...
 
 class Compression(_message.Message):
-    __slots__ = ("policy", "budget_fraction", "budget_tokens", "sink_tokens", "protect_system_prompt", "window")
+    __slots__ = ("policy", "budget_fraction", "budget_tokens", "sink_tokens", "protect_system_prompt", "window", "decode_budget_fraction", "decode_budget_tokens")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FRACTION_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SINK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROTECT_SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BUDGET_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     budget_fraction: float
     budget_tokens: int
     sink_tokens: int
     protect_system_prompt: bool
     window: int
-    def __init__(self, policy: _Optional[str] = ..., budget_fraction: _Optional[float] = ..., budget_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., protect_system_prompt: _Optional[bool] = ..., window: _Optional[int] = ...) -> None: ...
+    decode_budget_fraction: float
+    decode_budget_tokens: int
+    def __init__(self, policy: _Optional[str] = ..., budget_fraction: _Optional[float] = ..., budget_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., protect_system_prompt: _Optional[bool] = ..., window: _Optional[int] = ..., decode_budget_fraction: _Optional[float] = ..., decode_budget_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("question", "chunks", "system_prompt", "max_new_tokens", "mode", "recompute_ratio", "compression", "temperature", "top_p", "seed", "namespace")

@@ -1,7 +1,7 @@
-"""`ragkv bench blend --quick` runs end to end and writes the CONTRACT's JSON (figures are the bench's job)."""
+"""`ragkv bench blend --quick` runs end to end and writes the documented JSON (README "Benchmarks") (figures are the bench's job)."""
 
 from ragkv.bench import blend
-from workers.requests import MODES
+from workers.requests import mode_names
 
 
 def test_blend_bench_quick_writes_contract_json():
@@ -9,7 +9,7 @@ def test_blend_bench_quick_writes_contract_json():
     for key in ("chunks", "chunk_tokens", "ttft_s", "speedup_vs_full", "accuracy", "agreement_vs_full", "queries"):
         assert key in out
     for key in ("ttft_s", "speedup_vs_full", "accuracy", "agreement_vs_full"):
-        assert set(out[key]) == set(MODES)
+        assert set(out[key]) == set(mode_names())
     assert out["speedup_vs_full"]["full"] == 1.0 and out["agreement_vs_full"]["full"] == 1.0
     assert all(0.0 <= v <= 1.0 for v in out["accuracy"].values())
     assert out["runs"] and out["runs"][0]["chunks"] == out["chunks"]

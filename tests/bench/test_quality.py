@@ -96,12 +96,15 @@ def test_exact_configs_agree_with_full(runner):
         assert out["reuse"].kl > 1e-3  # reuse really differs: the comparison can fail
 
 
-def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path):
-    from ragkv.bench import quality
+def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
+    """`ragkv bench quality --quick --json OUT --plots DIR`, in process (the session's model is reused)."""
+    from ragkv.cli import main
 
-    result = quality.run(quick=True, progress=False, per_family=1, plots=str(tmp_path / "plots"),
-                         report=str(tmp_path / "q.md"))
-    json.dumps(result)
+    out, plots = tmp_path / "quality.json", tmp_path / "plots"
+    assert main(["bench", "quality", "--quick", "--json", str(out), "--plots", str(plots),
+                 "--report", str(tmp_path / "q.md")]) == 0
+    capsys.readouterr()
+    result = json.loads(out.read_text())
     assert result["split"] == "dev" and result["available_splits"] == ["dev", "test"]
     assert len(result["families"]) >= 8
     for data in result["families"].values():

@@ -7,15 +7,15 @@ import torch
 from workers.attention import attend, attention_weights
 from workers.cache import LayerKV
 from workers.eviction import scores
-from workers.eviction.budgets import allocate, protected_mask, pyramid_weights, select_per_head, select_tokens
-from workers.eviction.layout import compact_positions, keep_slots
+from workers.eviction.budgets import allocate, protected_mask, pyramid_weights, select_kept_tokens, select_per_head
+from workers.eviction.slots import compact_positions, keep_slots
 from workers.rope import apply_rope, rope_cos_sin
 
 
 def test_select_tokens_keeps_protected_and_budget():
     scores_ = torch.tensor([9.0, 0.1, 5.0, 0.2, 7.0, 0.3])
     protected = torch.tensor([False, True, False, False, False, False])
-    keep = select_tokens(scores_, protected, budget=3)
+    keep = select_kept_tokens(scores_, protected, budget=3)
     assert keep.tolist() == [True, True, False, False, True, False]
 
 

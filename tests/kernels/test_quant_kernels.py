@@ -10,16 +10,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvstore.codecs import make_codec
+from kvstore.codecs import KiviCodec, make_codec
 from kvstore.codecs.base import to_bytes
 from kvstore.kernels import dispatch as K
 
 # [layers, kv_heads, tokens, head_dim]
 SHAPES = [(1, 3, 7, 64), (1, 8, 5, 128), (2, 3, 33, 64)]
-# (bits, group_size, symmetric): int8 (G = D), int4, kivi2 values; groups of 5/24 leave partial groups
+# (bits, group_size, symmetric): int8 (G = D), int4, KIVI-layout values (2, 3 and 4 bit); groups of 5/24
+# leave partial groups; 3-bit codes straddle bytes
 TOKEN_CASES = [(8, None, False), (8, None, True), (4, 32, False), (4, 5, False), (4, 24, False), (2, 32, False),
-               (2, 5, False)]
-CHANNEL_GROUPS = [32, 5]  # kivi2 keys: groups of tokens
+               (2, 5, False), (3, 32, False), (3, 5, False)]
+# (bits, group of tokens): KIVI-layout keys, per channel
+CHANNEL_CASES = [(2, 32), (2, 5), (3, 32), (3, 5), (4, 32), (4, 5)]
 ATOL = 1e-5  # dequantized values are O(1) fp32; rotation adds a few ulps
 
 
@@ -63,11 +65,11 @@ def test_token_quantize_bit_exact(device, shape, bits, group, symmetric):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("group", CHANNEL_GROUPS)
-def test_channel_quantize_bit_exact(device, shape, group):
+@pytest.mark.parametrize("bits,group", CHANNEL_CASES)
+def test_channel_quantize_bit_exact(device, shape, bits, group):
     x = make_kv(shape, seed=group)
-    ref = K.quantize_channel(x, 2, group, backend="torch")
-    out = K.quantize_channel(x.to(device), 2, group, backend="triton")
+    ref = K.quantize_channel(x, bits, group, backend="torch")
+    out = K.quantize_channel(x.to(device), bits, group, backend="triton")
     for r, o in zip(ref, out):
         assert same_bits(r, o)
 
@@ -96,14 +98,14 @@ def test_token_dequantize_and_rerotate(device, shape, bits, group, symmetric):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("group", CHANNEL_GROUPS)
-def test_channel_dequantize_and_rerotate(device, shape, group):
+@pytest.mark.parametrize("bits,group", CHANNEL_CASES)
+def test_channel_dequantize_and_rerotate(device, shape, bits, group):
     x = make_kv(shape, seed=2)
-    codes, scale, zero = K.quantize_channel(x, 2, group, backend="torch")
+    codes, scale, zero = K.quantize_channel(x, bits, group, backend="torch")
     freq = inv_freq(shape[-1])
     for delta in deltas(shape[2]):
-        ref = K.dequantize_channel(codes, scale, zero, 2, group, delta=delta, inv_freq=freq, backend="torch")
-        out = K.dequantize_channel(codes.to(device), scale.to(device), zero.to(device), 2, group,
+        ref = K.dequantize_channel(codes, scale, zero, bits, group, delta=delta, inv_freq=freq, backend="torch")
+        out = K.dequantize_channel(codes.to(device), scale.to(device), zero.to(device), bits, group,
                                    delta=on(device, delta),
                                    inv_freq=freq.to(device), backend="triton")
         torch.testing.assert_close(out.cpu(), ref, atol=ATOL * 8, rtol=1e-5)
@@ -138,18 +140,21 @@ def test_fused_out_dtype(device):
 
 
 @pytest.mark.parametrize("name,params", [("int8", {}), ("int8", {"symmetric": True}), ("int4", {}),
-                                         ("int4", {"group_size": 5}), ("kivi2", {}), ("kivi2", {"group_size": 4})])
+                                         ("int4", {"group_size": 5}), ("kivi2", {}), ("kivi2", {"group_size": 4}),
+                                         ("k4v2", {}), ("k3v2", {"group_size": 5}), ("k3v3", {}), ("k4v3", {}),
+                                         ("k4v4", {"group_size": 4})])
 def test_codec_payload_round_trip(device, name, params):
     shape = (2, 3, 9, 64)
     keys, values = make_kv(shape, seed=3), make_kv(shape, seed=4)
     codec = make_codec(name, **params)
     payload = codec.encode(keys, values)
+    kivi = isinstance(codec, KiviCodec)
 
     def enc(x, per_channel=False):
-        if name == "kivi2":
+        if kivi:
             g = codec.group_size
-            return K.quantize_channel(x, 2, g, backend="triton") if per_channel else \
-                K.quantize_token(x, 2, g, backend="triton")
+            return K.quantize_channel(x, codec.key_bits, g, backend="triton") if per_channel else \
+                K.quantize_token(x, codec.value_bits, g, backend="triton")
         if name == "int4":
             return K.quantize_token(x, 4, codec.group_size, backend="triton")
         return K.quantize_token(x, 8, shape[-1], codec.symmetric, backend="triton")
@@ -159,9 +164,9 @@ def test_codec_payload_round_trip(device, name, params):
 
     ref_k, ref_v = codec.decode(payload, shape, torch.float32)
     kq, ks, kz, vq, vs, vz = parts  # zero is None for symmetric int8
-    if name == "kivi2":
-        out_k = K.dequantize_channel(kq, ks, kz, 2, codec.group_size, backend="triton")
-        out_v = K.dequantize_token(vq, vs, vz, 2, codec.group_size, backend="triton")
+    if kivi:
+        out_k = K.dequantize_channel(kq, ks, kz, codec.key_bits, codec.group_size, backend="triton")
+        out_v = K.dequantize_token(vq, vs, vz, codec.value_bits, codec.group_size, backend="triton")
     else:
         bits, g, sym = (4, codec.group_size, False) if name == "int4" else (8, shape[-1], codec.symmetric)
         out_k = K.dequantize_token(kq, ks, kz, bits, g, symmetric=sym, backend="triton")

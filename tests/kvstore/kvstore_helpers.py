@@ -15,7 +15,9 @@ TEXT = (
 
 
 def tiny_kv(tokens: int = 5, seed: int = 0, layers: int = 2, heads: int = 1, dim: int = 8) -> ChunkKV:
+    """Random KV with RoPE frequencies (theta 1e4), so pre-RoPE codecs can store it too."""
     g = torch.Generator().manual_seed(seed)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     return ChunkKV(torch.randn(layers, heads, tokens, dim, generator=g),
                    torch.randn(layers, heads, tokens, dim, generator=g),
-                   list(range(100 + seed, 100 + seed + tokens)))
+                   list(range(100 + seed, 100 + seed + tokens)), inv_freq=inv_freq)

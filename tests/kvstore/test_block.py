@@ -126,10 +126,47 @@ def test_encoder_refuses_token_ids_out_of_range():
             encode_block(kv, make_codec("int8"), FP)
 
 
-def test_version_1_blocks_are_refused():
+@pytest.mark.parametrize("version", [1, 2])
+def test_old_version_blocks_are_refused(version):
+    # version 2 had no pre-RoPE keys: its bytes would decode, so the version alone must refuse them
     data = encode_block(tiny_kv(), make_codec("kivi2"), FP)
     with pytest.raises(BlockVersionError):
-        decode_block(reframe(*split(data), version=1))
+        decode_block(reframe(*split(data), version=version))
+
+
+def test_old_version_and_corrupt_blocks_are_store_misses():
+    from kvstore.backends import open_backend
+    from kvstore.store import BlockStore
+
+    kv = tiny_kv(tokens=6)
+    store = BlockStore(open_backend("memory:"), make_codec("k4v2", pre_rope=True), FP)
+    old, bad = store.address_for(kv.token_ids), store.address_for(kv.token_ids, namespace="n")
+    data = store.encode(kv)
+    store.put_raw(old, reframe(*split(data), version=2))
+    damaged = bytearray(data)
+    damaged[len(damaged) // 2] ^= 1
+    store.put_raw(bad, bytes(damaged))
+    assert store.get(old) is None and store.get(bad) is None
+    assert store.stats()["corrupt"] == 2 and not store.contains(old) and not store.contains(bad)
+    store.put_raw(old, data)
+    assert store.get(old).pre_rope
+
+
+def test_pre_rope_block_carries_its_frequencies():
+    kv = tiny_kv(tokens=7)
+    data = encode_block(kv, make_codec("k4v2", pre_rope=True), FP)
+    out, header = decode_block(data)
+    assert out.pre_rope and header.inv_freq == tuple(kv.inv_freq.tolist())
+    assert torch.equal(out.inv_freq, kv.inv_freq)
+    h, payload = split(data)
+    for forged in ([1.0, 2.0], ["x"] * 4, [1.0, 2.0, 3.0, True]):  # head_dim 8 -> 4 finite numbers
+        with pytest.raises(BlockFormatError, match="inv_freq"):
+            decode_block(reframe(dict(h, inv_freq=forged), payload))
+    with pytest.raises(BlockShapeError, match="inv_freq"):  # a pre-RoPE codec without frequencies
+        decode_block(reframe(dict(h, inv_freq=None), payload))
+    post, _ = split(encode_block(kv, make_codec("k4v2", pre_rope=False), FP))
+    with pytest.raises(BlockShapeError, match="inv_freq"):  # frequencies on a post-RoPE block
+        decode_block(reframe(dict(post, inv_freq=h["inv_freq"]), payload))
 
 
 def test_lz4_only_when_it_shrinks():

@@ -148,7 +148,9 @@ def _share_pool(monkeypatch, pool, config):
 def test_engine_hook_sends_chunk_misses_to_the_pool(pool, redis_url, runner, monkeypatch):
     config = EngineConfig(store=pool.config.store, workers="ray", memory_budget_bytes=None)
     _share_pool(monkeypatch, pool, config)
-    engine = Engine(config, runner)
+    from workers.ray_pool import pool_for
+
+    engine = Engine(config, runner, chunk_compute=pool_for(config))  # the strategy is injected, not imported
     computed = lambda: sum(s["worker"]["computed"] for s in pool.stats())  # noqa: E731
     before = computed()
     [ref] = engine.ingest([DOCS[1] + " Extra sentence."])

@@ -45,7 +45,7 @@ def test_precompute_through_ray_job_submit(redis_url, runner, tmp_path):
     try:
         assert started.returncode == 0, started.stderr[-2000:]
         job = _ray("job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ".", "--",
-                   sys.executable, "-m", "workers.precompute", "--corpus", str(corpus), "--store", redis_url,
+                   sys.executable, "-m", "ragkv.jobs.precompute", "--corpus", str(corpus), "--store", redis_url,
                    "--chunk-tokens", "64", "--workers", "1", "--no-progress", env=env, timeout=240)
         assert job.returncode == 0, (job.stdout[-3000:], job.stderr[-3000:])
         line = next(l for l in job.stdout.splitlines() if l.startswith('{"precompute"'))

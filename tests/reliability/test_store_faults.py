@@ -134,7 +134,7 @@ def test_damaged_block_is_detected_counted_deleted_and_recomputed(runner, store_
     engine = engine_on(store_url, runner)
     engine.generate(request())
     key = engine.store.address_for(runner.tokenize(CHUNKS[1]))
-    engine.store.evict(key)
+    engine.store.delete(key)
     clean = engine.generate(request())  # fault-free run of the same shape: chunk 1 absent, recomputed
     damage(engine, key, MUTATIONS[mutation])
 
@@ -165,7 +165,7 @@ def test_redis_value_without_its_index_is_never_served(runner, redis_url):
     engine = engine_on(redis_url, runner)
     engine.generate(request())
     key = engine.store.address_for(runner.tokenize(CHUNKS[2]))
-    engine.store.evict(key)
+    engine.store.delete(key)
     clean = engine.generate(request())  # same shape, fault-free: chunk 2 absent, recomputed, stored
     r = redis.Redis.from_url(redis_url)
     r.set("ragkv:b:" + key, r.get("ragkv:b:" + key)[:100])  # shorter than the indexed size

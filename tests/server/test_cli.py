@@ -27,3 +27,27 @@ def test_serve_flags_to_config(monkeypatch):
 def test_serve_rejects_half_tls(tmp_path):
     with pytest.raises(SystemExit, match="tls"):
         main(["serve", "--tls-cert", str(tmp_path / "c.pem")])
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--store", "bogus://x"], "--store"),
+    (["--model", "/missing/model"], "--model"),
+    (["--codec", "int4", "--max-queue", "-1"], "--max-queue"),
+])
+def test_bad_flags_print_one_line_and_exit_2(flags, named, capsys, monkeypatch):
+    monkeypatch.setattr("ragkv.server.app.serve", lambda config: pytest.fail("the server must not start"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ragkv serve: ") and named in err and "Traceback" not in err
+
+
+def test_codec_flag_and_config_read_the_codec_registry():
+    from kvstore.codecs import CODECS
+
+    parser = build_parser("serve")
+    for name in CODECS:
+        assert config_from_args(parser.parse_args(["serve", "--codec", name])).codec == name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--codec", "no-such-codec"])

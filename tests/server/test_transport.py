@@ -59,7 +59,7 @@ def test_defaults_and_conversion(stand_in):
         r = c.generate("q?", chunks=["a"], compression=Compression("h2o", 32, window=8))
         assert r.text == "ok" and r.stats["note"] == "extra" and r.stats["chunks_hit"] == 1
         req = engine.requests[-1]
-        assert (req.mode, req.max_new_tokens, req.recompute_ratio, req.seed) == ("blend", 64, 0.15, None)
+        assert (req.mode, req.max_new_tokens, req.recompute_ratio, req.seed) == ("blend", 64, None, None)
         assert req.compression.budget == 32 and isinstance(req.compression.budget, int)
         assert (req.compression.window, req.compression.sink_tokens, req.compression.protect_system_prompt) == (8, 4, True)
         c.generate("q?", chunks=["a"], compression=Compression("snapkv", 0.25, protect_system_prompt=False), seed=7)

@@ -37,8 +37,9 @@ def test_ratio_zero_equals_reuse(runner):
 def test_selection_picks_largest_deviation():
     deviation = torch.tensor([0.0, 5.0, 1.0, 9.0, 2.0, 0.5])
     candidates = torch.tensor([1, 2, 3, 4, 5])
-    assert sorted(select_tokens(deviation, candidates, 0.4).tolist()) == [1, 3]
-    assert select_tokens(deviation, candidates, 0.0).numel() == 0
+    assert select_tokens(deviation, candidates, 2).tolist() == [1, 3]
+    assert select_tokens(deviation, candidates, 0).numel() == 0
+    assert select_tokens(deviation, candidates, 99).tolist() == [1, 2, 3, 4, 5]
 
 
 def test_kv_deviation_measures():

@@ -1,11 +1,15 @@
-"""The engine end to end on the real model and a real store: modes, cache hits, ids, errors."""
+"""The engine end to end on the real model and a real store: modes, cache hits, ids, errors.
+
+The suite runs against both EngineProtocol implementations: `Engine` in process and `RayEngine`
+(one actor on a real local Ray over the session's redis-server), so the two cannot drift apart.
+"""
 
 import pytest
 import torch
 
-from ragkv.errors import InvalidArgument, NotFound
+from ragkv.errors import Cancelled, InvalidArgument, NotFound
 from workers.engine import Engine, EngineConfig
-from workers.requests import MODES, GenerateRequest
+from workers.requests import GenerateRequest, mode_names
 
 CHUNKS = [
     "The capital of Frobnia is Lindorf. Lindorf was founded in 1432 by the salt merchant Osric Vale.",
@@ -27,10 +31,36 @@ def engine(request, runner, tmp_path):
     eng.close()
 
 
-@pytest.fixture(params=["disk", "redis"])
+@pytest.fixture(scope="module")
+def ray_pool(ray_local, redis_server):
+    """One worker actor (it loads its own model) over the session's redis-server."""
+    from workers.ray_pool import WorkerPool
+
+    pool = WorkerPool(EngineConfig(store=redis_server.url, codec="kivi2", memory_budget_bytes=None), num_workers=1)
+    yield pool
+    pool.shutdown()
+
+
+def _ray_engine(request):
+    from workers.ray_pool import RayEngine
+
+    request.getfixturevalue("redis_url")  # a clean database
+    pool = request.getfixturevalue("ray_pool")
+    return RayEngine(pool.config, pool)
+
+
+@pytest.fixture(params=["disk", "redis", "ray"])
 def any_engine(request, runner, tmp_path):
-    """The same behaviour over both backends."""
-    eng = _engine(request, runner, tmp_path, request.param)
+    """The same behaviour over both backends, and from RayEngine."""
+    eng = _ray_engine(request) if request.param == "ray" else _engine(request, runner, tmp_path, request.param)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(params=["Engine", "RayEngine"])
+def each_engine(request, runner, tmp_path):
+    """Engine and RayEngine: the same suite against both implementations of workers.protocol.EngineProtocol."""
+    eng = _ray_engine(request) if request.param == "RayEngine" else _engine(request, runner, tmp_path, "disk")
     yield eng
     eng.close()
 
@@ -46,10 +76,11 @@ def test_second_request_hits_cached_chunks(any_engine):
     assert second.token_ids == first.token_ids  # a miss serves the block as a hit will decode it
 
 
-def test_all_modes_share_prompt_ids_and_full_equals_transformers(engine, runner):
+def test_all_modes_share_prompt_ids_and_full_equals_transformers(each_engine, runner):
+    engine = each_engine
     engine.ingest(CHUNKS)
     results = {m: engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS, mode=m, max_new_tokens=12))
-               for m in MODES}
+               for m in mode_names()}
     ids = results["full"].prompt_token_ids
     assert all(r.prompt_token_ids == ids for r in results.values())
     with torch.inference_mode():
@@ -73,7 +104,8 @@ def test_ingest_ids_are_content_addresses_and_usable_by_id(any_engine):
     assert by_id.token_ids == by_text.token_ids
 
 
-def test_unknown_chunk_id_is_not_found(engine):
+def test_unknown_chunk_id_is_not_found(each_engine):
+    engine = each_engine
     with pytest.raises(NotFound, match="chunks\\[0\\]"):
         engine.generate(GenerateRequest(question=QUESTION, chunks=["ab" * 32]))
 
@@ -89,7 +121,8 @@ def test_invalid_requests_name_the_field():
         GenerateRequest(question="q", chunks=["x"], mode="fast")
 
 
-def test_streaming_pieces_join_to_the_text(engine):
+def test_streaming_pieces_join_to_the_text(each_engine):
+    engine = each_engine
     request = GenerateRequest(question=QUESTION, chunks=CHUNKS, max_new_tokens=10)
     items = list(engine.generate_stream(request))
     pieces, result = items[:-1], items[-1]
@@ -120,3 +153,9 @@ def test_ingest_recomputes_a_damaged_block_instead_of_calling_it_cached(engine):
     [again] = engine.ingest(CHUNKS[:1])
     assert again.id == ref.id and not again.cached
     assert engine.store.get(ref.id) is not None  # stored whole again
+
+
+def test_should_stop_cancels(each_engine):
+    with pytest.raises(Cancelled):
+        each_engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS[:1], max_new_tokens=8),
+                             should_stop=lambda: True)

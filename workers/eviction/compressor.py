@@ -1,10 +1,15 @@
 """Compressor: captures what a policy needs during prefill/decode, evicts to budget, reports the cost.
 
 Life cycle (one request):
-    compressor = make_compressor(spec, shape, prefix_len, prompt_len)
+    compressor = make_compressor(spec, shape, prefix_len, prompt_len, question_start=...)
     runner.forward(ids, positions, cache, observer=compressor.observer)   # prefill
+    compressor.prepare(runner, cache, token_ids, context)                 # kvzip: its own scoring pass
     compressor.compress(cache)                                            # evict to budget
-    decode(..., hooks=compressor.decode_hooks())                          # stay at budget
+    decode(..., hooks=compressor.decode_hooks())                          # append, or stay at a budget
+
+Decoding follows the policy's paper (Policy.phase): a prefill press appends the generated
+tokens; a decode-time method keeps the cache at its budget. `spec.decode_budget` sets the
+decode-time bound explicitly (for either kind); per-layer budgets are scaled to it.
 
 The observer keeps, per layer, the newest queries (the observation window:
 whatever queries were observed, e.g. only the recomputed subset in blend mode)
@@ -21,9 +26,9 @@ import torch
 from workers.attention import attention_weights
 from workers.cache import KVCache, LayerKV
 from workers.eviction import scores
-from workers.eviction.budgets import allocate, protected_mask, select_per_head, select_tokens
-from workers.eviction.layout import compact_positions, gather_slots, keep_slots
+from workers.eviction.budgets import allocate, protected_mask, select_kept_tokens, select_per_head
 from workers.eviction.policies import Policy, ScoreContext
+from workers.eviction.slots import compact_positions, gather_slots, keep_slots
 from workers.generate import DecodeHooks
 from workers.requests import CompressionSpec
 
@@ -36,6 +41,7 @@ class LayerState:
     queries: torch.Tensor | None = None  # [Hq, W, D] newest observed queries, by position
     q_positions: torch.Tensor | None = None  # [W]
     accumulated: torch.Tensor | None = None  # [Hkv, T] (H2O)
+    prepared: torch.Tensor | None = None  # [Hkv, T] scores from Policy.prepare (kvzip); appended slots get +inf
     protected: torch.Tensor | None = None  # [Hkv, T] bool, set at the first eviction
 
 
@@ -57,7 +63,7 @@ def _valid(kv: LayerKV) -> torch.Tensor:
 class Compressor:
     def __init__(self, policy: Policy | None, spec: CompressionSpec, num_layers: int, head_dim: int,
                  prefix_len: int, prompt_len: int, budget: int, inv_freq: torch.Tensor | None = None,
-                 scale: float | None = None):
+                 scale: float | None = None, decode_budget: int | None = None, question_tokens: int = 0):
         self.policy = policy
         self.spec = spec
         self.num_layers = num_layers
@@ -66,8 +72,15 @@ class Compressor:
         self.budget = budget
         self.inv_freq = inv_freq
         self.scale = scale if scale is not None else head_dim ** -0.5
-        self.window = max(policy.queries_needed, DIAGNOSTIC_QUERIES) if policy is not None else 0
+        # windowed policies observe at least the question (and the template after it) in a RAG prompt
+        self.queries = 0 if policy is None else max(policy.queries_needed,
+                                                     question_tokens if policy.windowed else 0)
+        self.window = max(self.queries, DIAGNOSTIC_QUERIES) if policy is not None else 0
+        # None: decode appends (a prefill press with no explicit decode budget)
+        self.decode_budget = decode_budget if decode_budget is not None else (
+            budget if policy is not None and policy.phase == "decode" else None)
         self.layer_budgets: list[int] | None = None
+        self._decode_budgets: list[int] | None = None
         self._states = [LayerState() for _ in range(num_layers)]
         self._stats: dict = {"policy": spec.policy, "budget_tokens": budget, "prompt_tokens": prompt_len}
         self._decode_evictions = 0
@@ -101,7 +114,8 @@ class Compressor:
             layer=layer, kv=kv, valid=_valid(kv),
             queries=state.queries[:, -queries:] if use else None,
             q_positions=state.q_positions[-queries:] if use else None,
-            accumulated=_pad_slots(state.accumulated, kv.num_tokens, 0.0), scale=self.scale, free=0)
+            accumulated=_pad_slots(state.accumulated, kv.num_tokens, 0.0), scale=self.scale, free=0,
+            protected=self._protected(layer, kv), prepared=_pad_slots(state.prepared, kv.num_tokens, float("inf")))
 
     def _protected(self, layer: int, kv: LayerKV) -> torch.Tensor:
         """[Hkv, T] protected entries; computed from logical positions the first time, then carried."""
@@ -116,8 +130,11 @@ class Compressor:
     # -- planning -----------------------------------------------------------
     def _budgets(self, cache: KVCache, contexts: list[ScoreContext]) -> list[int]:
         if self.layer_budgets is None:
-            weights = self.policy.layer_weights(contexts)
-            if weights is None:
+            exact = self.policy.layer_budgets(contexts, self.budget)
+            weights = None if exact is not None else self.policy.layer_weights(contexts, self.budget)
+            if exact is not None:
+                self.layer_budgets = exact
+            elif weights is None:
                 self.layer_budgets = [self.budget] * self.num_layers
             else:
                 lower = [int(self._protected(i, cache.layers[i]).sum(dim=1).max()) for i in range(self.num_layers)]
@@ -130,9 +147,9 @@ class Compressor:
         ctx.free = max(0, budget - int(protected.sum(dim=1).max()))
         score = self.policy.score(ctx)  # [Hkv, T]
         if self.policy.per_head or ctx.kv.positions.dim() == 2:
-            return select_per_head(score, protected, ctx.valid, budget, self.policy.floor)
+            return select_per_head(score, protected, ctx.valid, budget, self.policy.floor, self.policy.head_cap)
         token_score = torch.nan_to_num(score.float().mean(dim=0), nan=0.0)
-        keep = select_tokens(token_score, protected[0], budget)
+        keep = select_kept_tokens(token_score, protected[0], budget)
         return keep[None].expand_as(protected)
 
     def _over_budget(self, kv: LayerKV, budget: int) -> bool:
@@ -145,7 +162,7 @@ class Compressor:
         """Keep masks [Hkv, T] per layer (no change to the cache)."""
         if self.policy is None:
             return [_valid(kv) for kv in cache.layers]
-        queries = self.policy.queries_needed
+        queries = self.queries
         contexts = [self._context(i, cache.layers[i], queries) for i in range(self.num_layers)]
         budgets = self._budgets(cache, contexts)
         return [self._select(ctx, self._protected(i, ctx.kv), budgets[i]) for i, ctx in enumerate(contexts)]
@@ -157,9 +174,26 @@ class Compressor:
         state.protected = gather_slots(self._protected(layer, kv), idx) & valid
         if state.accumulated is not None:
             state.accumulated = gather_slots(_pad_slots(state.accumulated, kv.num_tokens, 0.0), idx) * valid
+        if state.prepared is not None:
+            state.prepared = gather_slots(_pad_slots(state.prepared, kv.num_tokens, float("inf")), idx)
         cache.layers[layer] = new_kv
 
     # -- public -------------------------------------------------------------
+    @torch.inference_mode()
+    def prepare(self, runner, cache: KVCache, token_ids: list[int], context: tuple[int, int],
+                scores: list[torch.Tensor] | None = None) -> list[torch.Tensor] | None:
+        """Policies that score with a pass of their own (kvzip: context reconstruction) run it here,
+        after prefill and before compress(). context: [start, end) positions the scores cover.
+        `scores`: that pass's result for this very cache, from another compressor (not recomputed).
+        Returns the scores (None for other policies)."""
+        if self.policy is None or not self.policy.needs_model:
+            return None
+        scores_ = scores if scores is not None else self.policy.prepare(runner, cache, token_ids, context,
+                                                                         self.spec.sink_tokens)
+        for state, layer_scores in zip(self._states, scores_):
+            state.prepared = layer_scores
+        return scores_
+
     @torch.inference_mode()
     def compress(self, cache: KVCache, keeps: list[torch.Tensor] | None = None) -> dict:
         """Evict to budget after prefill (to `keeps` when given: a plan() of this cache);
@@ -191,14 +225,26 @@ class Compressor:
         self._max_cache_tokens = max(kv.num_tokens for kv in cache.layers)
         return self.stats()
 
+    def _decode_layer_budgets(self, cache: KVCache) -> list[int]:
+        """The prefill layer budgets, scaled to the decode budget (each at least its protected count)."""
+        if self._decode_budgets is None:
+            budgets = self.layer_budgets or self._budgets(
+                cache, [self._context(j, cache.layers[j], self.queries) for j in range(self.num_layers)])
+            if self.decode_budget == self.budget:
+                self._decode_budgets = list(budgets)
+            else:
+                lower = [int(self._protected(i, cache.layers[i]).sum(dim=1).max()) for i in range(self.num_layers)]
+                upper = [max(b, self.decode_budget) * 4 for b in budgets]
+                self._decode_budgets = allocate([float(b) for b in budgets], self.decode_budget, lower, upper)
+        return self._decode_budgets
+
     @torch.inference_mode()
     def after_step(self, cache: KVCache) -> None:
-        """Decode hook: evict whatever exceeds each layer's budget (the newest token's slot included)."""
-        if self.policy is None:
+        """Decode hook: evict whatever exceeds each layer's decode budget (the newest token's slot included)."""
+        if self.policy is None or self.decode_budget is None:
             return
-        queries = self.policy.queries_needed
-        budgets = self.layer_budgets or self._budgets(
-            cache, [self._context(j, cache.layers[j], queries) for j in range(self.num_layers)])
+        queries = self.queries
+        budgets = self._decode_layer_budgets(cache)
         for i, kv in enumerate(cache.layers):
             if self._over_budget(kv, budgets[i]):
                 ctx = self._context(i, kv, queries)
@@ -211,9 +257,14 @@ class Compressor:
         self._max_cache_tokens = max(self._max_cache_tokens, max(kv.num_tokens for kv in cache.layers))
 
     def decode_hooks(self) -> DecodeHooks:
+        """Appending (a prefill press, no decode budget): no hooks at all; else stay at the decode budget."""
         if self.policy is None:
+            return DecodeHooks()
+        if self.decode_budget is None:
             return DecodeHooks()
         return DecodeHooks(observer=self.observer, after_step=self.after_step)
 
     def stats(self) -> dict:
-        return {**self._stats, "decode_evictions": self._decode_evictions, "max_cache_tokens": self._max_cache_tokens}
+        return {**self._stats, "phase": self.policy.phase if self.policy is not None else None,
+                "decode_budget_tokens": self.decode_budget,
+                "decode_evictions": self._decode_evictions, "max_cache_tokens": self._max_cache_tokens}

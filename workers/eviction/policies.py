@@ -9,7 +9,7 @@ heads of a layer, PyramidKV / DynamicKV across layers) instead of adding flags.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -17,7 +17,9 @@ from workers.attention import attention_weights
 from workers.cache import LayerKV
 from workers.eviction import scores
 from workers.eviction.budgets import pyramid_weights
-from workers.requests import CompressionSpec
+
+if TYPE_CHECKING:  # workers.requests validates policy names against this module's registry
+    from workers.requests import CompressionSpec
 
 
 @dataclass
@@ -32,6 +34,8 @@ class ScoreContext:
     accumulated: torch.Tensor | None  # [Hkv, T] attention summed over every observed query (H2O)
     scale: float
     free: int  # slots per head the policy chooses (budget minus protected)
+    protected: torch.Tensor | None = None  # [Hkv, T] bool: set aside before the policy chooses
+    prepared: torch.Tensor | None = None  # [Hkv, T] per-slot scores from Policy.prepare (kvzip), following the slots
     _attn: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -69,12 +73,24 @@ class ScoreContext:
 
 
 class Policy:
-    """Interface: `score(ctx) -> [Hkv, T]`; class attributes say what the observer must capture."""
+    """Interface: `score(ctx) -> [Hkv, T]`; class attributes say what the observer must capture.
+
+    `phase` says when the method evicts, as its paper defines it: "prefill" presses (SnapKV, Ada-KV,
+    PyramidKV, DynamicKV, CapKV, KVzip) compress the prompt once after prefill and generated tokens are
+    appended; "decode" methods (StreamingLLM, H2O, TOVA) keep a fixed budget while decoding. A request's
+    `decode_budget` bounds the cache while decoding for either kind.
+    `query_agnostic`: the scores do not depend on the question (may compress chunks at ingest).
+    """
 
     name: ClassVar[str] = ""
+    phase: ClassVar[str] = "prefill"  # "prefill" | "decode"
+    query_agnostic: ClassVar[bool] = False
+    needs_model: ClassVar[bool] = False  # scores come from prepare(runner, ...) (a forward pass of its own)
     per_head: ClassVar[bool] = False  # choose per kv head (Ada-KV) instead of one token set per layer
     floor: ClassVar[float] = 0.0  # per-head selection: share of each head's budget it keeps on its own
+    head_cap: ClassVar[float | None] = None  # per-head selection: no head keeps more than cap x the layer budget
     rerotate: ClassVar[bool] = False  # decode: keep the window on compact positions (streaming)
+    windowed: ClassVar[bool] = False  # an observation window of the newest queries: widened to the question
 
     @property
     def queries_needed(self) -> int:  # how many of the newest queries per layer to keep
@@ -87,8 +103,21 @@ class Policy:
     def score(self, ctx: ScoreContext) -> torch.Tensor:
         raise NotImplementedError
 
-    def layer_weights(self, contexts: list[ScoreContext]) -> list[float] | None:
-        """Relative per-layer budgets (None = equal)."""
+    def layer_weights(self, contexts: list[ScoreContext], budget: int) -> list[float] | None:
+        """Relative per-layer budgets (None = equal); `budget` is the mean per-layer budget in tokens."""
+        return None
+
+    def for_ingest(self) -> "Policy":
+        """The policy as it compresses a chunk alone at ingest (query-agnostic policies may differ there)."""
+        return self
+
+    def layer_budgets(self, contexts: list[ScoreContext], budget: int) -> list[int] | None:
+        """Exact integer per-layer budgets (mean `budget`), used instead of layer_weights when given."""
+        return None
+
+    def prepare(self, runner, cache, token_ids: list[int], context: tuple[int, int],
+                sink_tokens: int) -> list[torch.Tensor] | None:
+        """needs_model policies: per layer [Hkv, T] slot scores computed with the model (ctx.prepared)."""
         return None
 
 
@@ -125,6 +154,7 @@ class Streaming(Policy):
     so generation can run far beyond the model's context; needs the model's RoPE inv_freq.
     """
 
+    phase: ClassVar[str] = "decode"
     rerotate: bool = True
 
     def score(self, ctx: ScoreContext) -> torch.Tensor:
@@ -139,6 +169,7 @@ class H2O(Policy):
     Accumulation covers every observed query, prefill and decode. window=None: half the free budget.
     """
 
+    phase: ClassVar[str] = "decode"
     window: int | None = None
 
     @property
@@ -156,6 +187,8 @@ class H2O(Policy):
 class TOVA(Policy):
     """TOVA (Oren et al. 2024): the newest token's attention, averaged over the heads of a group."""
 
+    phase: ClassVar[str] = "decode"
+
     @property
     def queries_needed(self) -> int:
         return 1
@@ -170,10 +203,15 @@ class TOVA(Policy):
 class SnapKV(Policy):
     """SnapKV (Li et al. 2024): attention of the last `obs_window` observed queries, 1-D pooled.
 
-    The observation window's own tokens are always kept. In blend mode the observed queries are
-    the recomputed subset; the question at the end is always among them.
+    Each kv head keeps its own top tokens (per-head selection, equal counts: floor 1), as in the paper.
+    The observation window's own tokens are always kept; in a RAG prompt it is widened to cover the
+    question and the template after it (the Compressor's `question_start`). In blend mode the observed
+    queries are the recomputed subset; the question at the end is always among them.
     """
 
+    per_head: ClassVar[bool] = True
+    floor: ClassVar[float] = 1.0
+    windowed: ClassVar[bool] = True
     obs_window: int = 32
     kernel: int = 7
     pool: str = "max"
@@ -199,6 +237,8 @@ class CapKV(Policy):
     Query-free: ||U^T k_i||^2 / ||k_i||^2 per kv head (scores.key_leverage).
     """
 
+    query_agnostic: ClassVar[bool] = True
+
     rank: int = 8
 
     def score(self, ctx: ScoreContext) -> torch.Tensor:
@@ -214,6 +254,13 @@ class Wrapper(Policy):
     @property
     def queries_needed(self) -> int:
         return self.scorer.queries_needed
+
+    # what the scorer is, the wrapper is (AdaKV overrides per_head / floor: its allocation is the point)
+    phase = property(lambda self: self.scorer.phase)
+    query_agnostic = property(lambda self: self.scorer.query_agnostic)
+    per_head = property(lambda self: self.scorer.per_head)
+    floor = property(lambda self: self.scorer.floor)
+    windowed = property(lambda self: self.scorer.windowed)
 
     @property
     def accumulates(self) -> bool:
@@ -240,7 +287,7 @@ class PyramidKV(Wrapper):
 
     beta: float = 20.0
 
-    def layer_weights(self, contexts: list[ScoreContext]) -> list[float] | None:
+    def layer_weights(self, contexts: list[ScoreContext], budget: int) -> list[float] | None:
         return pyramid_weights(len(contexts), self.beta)
 
 
@@ -259,7 +306,7 @@ class DynamicKV(Wrapper):
     def queries_needed(self) -> int:
         return max(self.scorer.queries_needed, self.min_queries)
 
-    def layer_weights(self, contexts: list[ScoreContext]) -> list[float] | None:
+    def layer_weights(self, contexts: list[ScoreContext], budget: int) -> list[float] | None:
         weights = []
         for ctx in contexts:
             attn = ctx.window_attention()

@@ -33,7 +33,7 @@ def run(quick: bool = False, progress: bool = True, split: str = "dev", families
     """threads: torch intra-op threads for the run (restored after); 1 is fastest on a small shared box."""
     import torch
 
-    from workers.engine import EngineConfig
+    from workers.engine import EngineConfig, blend_setting
     from workers.runner import ModelRunner
 
     previous = torch.get_num_threads()
@@ -46,7 +46,9 @@ def run(quick: bool = False, progress: bool = True, split: str = "dev", families
         parsed = [parse_config(name) for name in dict.fromkeys(["full", *names])]
         prompts = make_prompts(split, lambda text: len(runner.tokenize(text)), families,
                                per_family or (2 if quick else 6), sizes or ((500,) if quick else (1100,)))
-        result = _run(runner, prompts, parsed, codec, progress)
+        default_blend, setting = blend_setting(EngineConfig(model=model, codec=codec), runner)
+        result = _run(runner, prompts, parsed, codec, default_blend, progress)
+        result["blend_default"] = {"setting": setting, "config": default_blend.name}
     finally:
         torch.set_num_threads(previous)
     result.update(split=split, available_splits=list(SPLITS), model=model)
@@ -62,7 +64,7 @@ def run(quick: bool = False, progress: bool = True, split: str = "dev", families
     return result
 
 
-def _run(runner, prompts, configs, codec: str, progress: bool) -> dict:
+def _run(runner, prompts, configs, codec: str, default_blend, progress: bool) -> dict:
     from tqdm import tqdm
 
     start = time.perf_counter()
@@ -71,7 +73,8 @@ def _run(runner, prompts, configs, codec: str, progress: bool) -> dict:
     with tqdm(total=len(prompts) * len(configs), desc="quality", disable=not progress) as bar:
         for prompt in prompts:
             bar.set_postfix_str(prompt.family)
-            outcome = evaluate_prompt(runner, prompt, configs, codec, on_config=lambda _: bar.update())
+            outcome = evaluate_prompt(runner, prompt, configs, codec, on_config=lambda _: bar.update(),
+                                      default_blend=default_blend)
             outcomes.setdefault(prompt.family, []).append(outcome)
             tokens.setdefault(prompt.family, []).append(_prompt_tokens(runner, prompt))
     names = [c.name for c in configs]

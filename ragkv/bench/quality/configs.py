@@ -2,7 +2,8 @@
 
 A config name reads `KIND[:ARG][@NUMBER][:FLAG]`:
 
-    full | prefix | reuse | blend | blend@0.3 | blend:METHOD@0.3
+    full | prefix | reuse | blend | blend@0.3 | blend:METHOD@0.3   (blend = the engine's setting, calibrated
+                                                                    or default; @R keeps its method)
     codec:NAME              codec only: the exact full-prefill KV stored through NAME, question recomputed
     blend+codec:NAME[@R]    blend over chunks stored through NAME
     reuse+codec:NAME        reuse over chunks stored through NAME
@@ -105,8 +106,9 @@ class Blend(ConfigKind):
             raise ValueError(f"config {name!r}: recompute ratio must be in [0, 1]")
         return cls(name, method=arg, ratio=number)
 
-    def blend_config(self) -> BlendConfig:
-        config = BlendConfig()
+    def blend_config(self, default: BlendConfig | None = None) -> BlendConfig:
+        """`default` (the engine's setting: calibrated, else its config) with this config's method / ratio."""
+        config = default or BlendConfig()
         if self.ratio is not None:
             config = replace(config, recompute_ratio=self.ratio)
         if self.method is not None:
@@ -118,7 +120,8 @@ class Blend(ConfigKind):
 
     def prepare(self, ctx) -> Prepared:
         cache, computed = fuse_chunks(ctx.runner, ctx.layout, ctx.prefix_kv(), self.chunks(ctx))
-        logits, stats = blend_prefill(ctx.runner, ctx.layout, cache, computed, self.blend_config(), reuse=self.reuse)
+        logits, stats = blend_prefill(ctx.runner, ctx.layout, cache, computed, self.blend_config(ctx.default_blend),
+                                      reuse=self.reuse)
         return Prepared(logits, cache, stats=stats)
 
 

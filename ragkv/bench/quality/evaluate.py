@@ -25,6 +25,7 @@ from kvstore.store import BlockStore
 from ragkv.bench.divergence import kl_rows, teacher_forced
 from ragkv.bench.quality.configs import ConfigKind, Eviction, Prepared
 from ragkv.bench.quality.families import QualityPrompt
+from workers.blend import BlendConfig
 from workers.cache import KVCache, LayerKV
 from workers.engine import PREFIX_CODEC
 from workers.generate import SamplingParams, decode
@@ -54,6 +55,7 @@ class PromptContext:
     prompt: QualityPrompt
     codec: str  # the suite's default codec for blend / reuse configs
     configs: list[ConfigKind]
+    default_blend: BlendConfig | None = None  # what `blend` runs: the engine's setting for this model and codec
     _stores: dict[str, BlockStore] = field(default_factory=dict)
     _stored: dict[str, list[ChunkKV]] = field(default_factory=dict)
     _in_context: dict[str, list[ChunkKV]] = field(default_factory=dict)
@@ -184,9 +186,9 @@ class PromptContext:
 
 
 def evaluate_prompt(runner, prompt: QualityPrompt, configs: list[ConfigKind], codec: str,
-                    on_config=None) -> dict[str, Outcome]:
+                    on_config=None, default_blend: BlendConfig | None = None) -> dict[str, Outcome]:
     """-> {config name: Outcome}, with `full` always first."""
-    ctx = PromptContext(runner, prompt, codec, configs)
+    ctx = PromptContext(runner, prompt, codec, configs, default_blend)
     ctx.prefill()
     full_text = runner.detokenize(ctx.full_tokens)
     out = {"full": Outcome(prompt.correct(full_text), True, 0.0, full_text)}

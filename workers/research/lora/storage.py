@@ -1,4 +1,4 @@
-"""Where LoRA chunk KV lives in a BlockStore: the `full` and `shared` layouts and their addresses.
+"""Where LoRA chunk KV lives in a BlockStore: the `full` and `shared` storage schemes and their addresses.
 
 - full:   the adapter model's complete chunk KV, a normal block under namespace `lora/<id>/full`.
 - shared: the base model's chunk block (namespace "", the very block plain serving stores, one for
@@ -6,7 +6,7 @@
           `lora/<id>/lowrank-kv-r<rank>`, framed and checksummed like any block.
 
 The adapter id is in the namespace and the codec in the address, so every adapter and every
-layout has its own address. Use one codec for both layouts (fp16 here: the low-rank parts are
+scheme has its own address. Use one codec for both schemes (fp16 here: the low-rank parts are
 not KV-shaped enough for kivi2's per-channel groups to be meaningful).
 """
 
@@ -17,8 +17,8 @@ from typing import Sequence
 
 from kvstore.kv import ChunkKV
 from kvstore.store import BlockStore
-from workers.lora.adapter import LoraAdapter
-from workers.lora.lowrank import reconstruct
+from workers.research.lora.adapter import LoraAdapter
+from workers.research.lora.lowrank import reconstruct
 from workers.runner import ModelRunner
 
 BASE_NAMESPACE = ""  # the shared base block is the ordinary chunk block
@@ -34,7 +34,7 @@ def parts_namespace(adapter: LoraAdapter) -> str:
 
 @dataclass
 class LoraKVStore:
-    """A BlockStore seen through the two layouts. `runner` is the base model's runner (RoPE frequencies)."""
+    """A BlockStore seen through the two storage schemes. `runner` is the base model's runner (RoPE frequencies)."""
 
     store: BlockStore
     runner: ModelRunner

@@ -4,7 +4,7 @@ For a LoRA on k_proj, the adapter model's key at a layer is
 
     K_adapter = rope(X_a W_k^T + s (X_a A^T) B^T)          X_a: the adapter model's normed input [T, hidden]
 
-The `shared` layout keeps K_base = rope(X_b W_k^T) (the base model's chunk block, one for
+The `shared` storage scheme keeps K_base = rope(X_b W_k^T) (the base model's chunk block, one for
 every adapter) and per adapter only P = X_a A^T [T, r], and rebuilds
 
     K ~= K_base + rope(s P B^T)                              V likewise, no rope
@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from kvstore.kv import ChunkKV
-from workers.lora.adapter import LoraAdapter
-from workers.rope import rope_cos_sin, rotate_half
+from kvstore.rope import apply_rope, rope_cos_sin
+from workers.research.lora.adapter import LoraAdapter
 from workers.runner import ModelRunner
 
 
@@ -35,7 +35,7 @@ def lora_delta(p: torch.Tensor, b: torch.Tensor, scaling: float, num_kv_heads: i
 def rope_at_chunk_positions(x: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float = 1.0) -> torch.Tensor:
     """x: [H, T, D] un-rotated -> rotated at positions 0..T-1, scaled like ModelRunner.qkv does."""
     cos, sin = rope_cos_sin(torch.arange(x.shape[-2], device=x.device), inv_freq.to(x.device))  # [T, D]
-    return x * (cos * rope_scale) + rotate_half(x) * (sin * rope_scale)
+    return apply_rope(x, cos * rope_scale, sin * rope_scale)
 
 
 def _check_linear_kv(runner: ModelRunner) -> None:

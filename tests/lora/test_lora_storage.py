@@ -1,4 +1,4 @@
-"""Addresses per adapter and layout, bytes from the store, and damaged parts read as a miss."""
+"""Addresses per adapter and storage scheme, bytes from the store, and damaged parts read as a miss."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 from kvstore.backends.memory import MemoryBackend
 from kvstore.store import BlockStore
-from workers.lora import LoraKVStore, adapter_chunk, random_adapter, relative_error_per_layer
+from workers.research.lora import LoraKVStore, adapter_chunk, random_adapter, relative_error_per_layer
 
 
 def _store(runner) -> LoraKVStore:

@@ -1,0 +1,157 @@
+"""KIVI-layout codecs: keys per channel, values per token, each with its own bit width.
+
+KIVI (Liu et al., 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV
+Cache") found that keys have a few outlier *channels*, so keys are quantized per
+channel: groups of `group_size` consecutive tokens share one scale/zero per
+channel. Values have no such structure and are quantized per token, in groups of
+`group_size` consecutive channels. This project's codec study, and an independent
+check with transformers' QuantizedCache, found that on the default model the 2-bit
+damage is in the keys, so the widths are split: `k4v2` = keys 4-bit, values 2-bit.
+
+One implementation (`KiviCodec` over two `GroupQuant`s); every registered name is a
+small dataclass that fixes its widths. With `residual` R > 0 (a decode-time cache)
+the most recent R tokens stay fp16. With `pre_rope` the block layer stores the keys
+before rotary embedding (KVQuant, Hooper et al., 2024): see kvstore/block.py.
+
+Payload, all C-order, little-endian; Tq = tokens - min(R, tokens), KB/VB = key/value bits:
+    k_codes  [L, H, Tq, D*KB/8]       uint8, quant.pack_bits along D
+    k_scale  [L, H, D, ceil(Tq/G)]    fp16
+    k_zero   [L, H, D, ceil(Tq/G)]    fp16
+    v_codes  [L, H, Tq, D*VB/8]       uint8
+    v_scale  [L, H, Tq, ceil(D/G)]    fp16
+    v_zero   [L, H, Tq, ceil(D/G)]    fp16
+    k_resid  [L, H, R', D]            fp16, R' = min(R, tokens)
+    v_resid  [L, H, R', D]            fp16
+Bytes per (layer, head, token) at D = 64, G = 32, full key groups, scales and zeros
+counted: keys 8*KB + 8, values 8*VB + 8, against fp16's 256:
+    kivi2 48 (0.1875)  k3v2 56 (0.219)  k3v3 64 (0.25)  k4v2 64 (0.25)  k4v3 72 (0.281)  k4v4 80 (0.3125)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kvstore.codecs import quant
+from kvstore.codecs.base import Codec, CodecError, PayloadReader, Shape, check_shape, register_codec
+from kvstore.kernels import dispatch as kernels
+
+Lead = tuple[int, ...]  # leading axes, [L, H]
+
+
+@dataclass(frozen=True)
+class GroupQuant:
+    """One tensor's quantizer: asymmetric `bits`-bit codes, groups of `group_size` along tokens
+    (per_channel: one scale/zero per channel per token group) or along channels (per token)."""
+
+    bits: int
+    group_size: int
+    per_channel: bool
+
+    def meta_shape(self, lead: Lead, tokens: int, dim: int) -> tuple[int, ...]:
+        if self.per_channel:
+            return (*lead, dim, quant.num_groups(tokens, self.group_size))
+        return (*lead, tokens, quant.num_groups(dim, self.group_size))
+
+    def nbytes(self, lead: Lead, tokens: int, dim: int) -> int:
+        codes = math.prod(lead) * tokens * dim * self.bits // 8
+        return codes + 2 * 2 * math.prod(self.meta_shape(lead, tokens, dim))
+
+    def encode(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x [..., T, D] -> [codes [..., T, D*bits/8], scale, zero] on x's device."""
+        op = kernels.quantize_channel if self.per_channel else kernels.quantize_token
+        return list(op(x, self.bits, self.group_size))
+
+    def decode(self, r: PayloadReader, lead: Lead, tokens: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        codes = r.take(torch.uint8, (*lead, tokens, dim * self.bits // 8))
+        scale = r.take(torch.float16, self.meta_shape(lead, tokens, dim))
+        zero = r.take(torch.float16, self.meta_shape(lead, tokens, dim))
+        if not tokens:
+            return torch.empty((*lead, 0, dim), dtype=dtype, device=r.device)
+        op = kernels.dequantize_channel if self.per_channel else kernels.dequantize_token
+        return op(codes, scale, zero, self.bits, self.group_size, out_dtype=dtype)
+
+
+@dataclass(frozen=True)
+class KiviCodec(Codec):
+    """Keys `key_bits` per channel, values `value_bits` per token (a subclass fixes both)."""
+
+    key_bits = 2
+    value_bits = 2
+    group_size: int = 32
+    residual: int = 0
+    pre_rope: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or \
+                not 1 <= self.group_size <= 4096:
+            raise ValueError(f"{self.name}: group_size must be an int in [1, 4096], got {self.group_size!r}")
+        if not isinstance(self.residual, int) or isinstance(self.residual, bool) or not 0 <= self.residual <= 1 << 20:
+            raise ValueError(f"{self.name}: residual must be an int >= 0, got {self.residual!r}")
+        if not isinstance(self.pre_rope, bool):
+            raise ValueError(f"{self.name}: pre_rope must be a bool, got {self.pre_rope!r}")
+
+    def params(self) -> dict:
+        return {"group_size": self.group_size, "residual": self.residual, "pre_rope": self.pre_rope}
+
+    @property
+    def keys_quant(self) -> GroupQuant:
+        return GroupQuant(self.key_bits, self.group_size, per_channel=True)
+
+    @property
+    def values_quant(self) -> GroupQuant:
+        return GroupQuant(self.value_bits, self.group_size, per_channel=False)
+
+    def _split(self, tokens: int) -> tuple[int, int]:
+        resid = min(self.residual, tokens)
+        return tokens - resid, resid
+
+    def payload_size(self, shape: Shape) -> int:
+        layers, heads, tokens, dim = check_shape(shape)
+        try:
+            quant.check_pack(dim, self.key_bits)
+            quant.check_pack(dim, self.value_bits)
+        except ValueError as e:
+            raise CodecError(f"{self.name} head_dim {dim}: {e}") from None
+        tq, resid = self._split(tokens)
+        lead = (layers, heads)
+        return (self.keys_quant.nbytes(lead, tq, dim) + self.values_quant.nbytes(lead, tq, dim)
+                + 2 * 2 * layers * heads * resid * dim)
+
+    def encode_parts(self, keys: torch.Tensor, values: torch.Tensor) -> list[torch.Tensor]:
+        shape = tuple(keys.shape)
+        self.payload_size(shape)  # validates head_dim
+        tq, _ = self._split(shape[2])
+        return [*self.keys_quant.encode(keys[:, :, :tq]), *self.values_quant.encode(values[:, :, :tq]),
+                keys[:, :, tq:].half(), values[:, :, tq:].half()]
+
+    def decode(self, payload: bytes, shape: Shape, dtype: torch.dtype,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        r = PayloadReader(payload, self.payload_size(shape), device)
+        layers, heads, tokens, dim = shape
+        tq, resid = self._split(tokens)
+        k = self.keys_quant.decode(r, (layers, heads), tq, dim, dtype)
+        v = self.values_quant.decode(r, (layers, heads), tq, dim, dtype)
+        k_res = r.take(torch.float16, (layers, heads, resid, dim))
+        v_res = r.take(torch.float16, (layers, heads, resid, dim))
+        if not resid:
+            return k, v
+        return torch.cat((k, k_res.to(dtype)), dim=2), torch.cat((v, v_res.to(dtype)), dim=2)
+
+
+def _widths(name: str, key_bits: int, value_bits: int, pre_rope: bool, doc: str) -> type[KiviCodec]:
+    """Register the KIVI-layout codec `name`: a KiviCodec subclass that fixes the widths and the pre_rope default."""
+    cls = type(name.upper(), (KiviCodec,), {
+        "__doc__": doc, "__module__": __name__, "__qualname__": name.upper(), "__annotations__": {"pre_rope": bool},
+        "name": name, "key_bits": key_bits, "value_bits": value_bits, "pre_rope": pre_rope})
+    return register_codec(dataclass(frozen=True)(cls))
+
+
+Kivi2 = _widths("kivi2", 2, 2, False, "KIVI's 2-bit keys and values: available, not the default (2-bit keys cost answers).")
+K3V2 = _widths("k3v2", 3, 2, False, "Keys 3-bit per channel, values 2-bit per token.")
+K3V3 = _widths("k3v3", 3, 3, False, "Keys and values 3-bit.")
+K4V2 = _widths("k4v2", 4, 2, False, "Keys 4-bit per channel, values 2-bit per token (0.25 of fp16 at D = 64).")
+K4V3 = _widths("k4v3", 4, 3, False, "Keys 4-bit, values 3-bit.")
+K4V4 = _widths("k4v4", 4, 4, False, "Keys and values 4-bit, in the KIVI layout.")

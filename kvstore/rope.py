@@ -1,0 +1,45 @@
+"""RoPE math, below both the kernels (kvstore/kernels) and the model runner (workers/runner.py).
+
+RoPE rotates each (x_i, x_{i+D/2}) pair by angle pos * inv_freq_i. Rotations
+compose, so a key rotated for position p becomes the key for position p + delta
+by one more rotation of delta * inv_freq_i — exact up to float rounding, with no
+need for the un-rotated key.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# rope types whose frequencies do not depend on the sequence length, so rotation composes exactly
+RE_ROTATABLE_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions: [T] -> cos, sin: [T, D] (unit-scaled, fp32)."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # [T, D/2]
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [..., T, D]; cos/sin: [T, D] -> x rotated, in x's dtype.
+
+    The products are taken in the wider of the two dtypes (fp32 cos/sin lift a half-precision x;
+    the runner passes cos/sin already cast to the model dtype, so its math stays in that dtype)."""
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
+def rerotate_keys(keys: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """keys: [..., T, D] rotated at positions p -> rotated at p + delta (delta: int or [T]), in fp32 math,
+    cast to out_dtype (default keys.dtype)."""
+    num_tokens = keys.shape[-2]
+    deltas = torch.as_tensor(delta, device=keys.device).expand(num_tokens) if torch.as_tensor(delta).dim() == 0 \
+        else torch.as_tensor(delta, device=keys.device)
+    cos, sin = rope_cos_sin(deltas, inv_freq.to(keys.device))
+    return apply_rope(keys.float(), cos, sin).to(out_dtype or keys.dtype)

@@ -1,0 +1,67 @@
+"""`ragkv calibrate [--model default|PATH] [--codec NAME]`: measure which blend setting keeps this model's answers.
+
+Runs the quality suite's dev prompts through full prefill, reuse and every candidate selection
+method x ratio (workers/calibration.py), prints the table and stores the cheapest setting that
+meets the target next to the model's converted copy; `ragkv serve` then uses it for requests
+that give no recompute ratio. A stored result for the same model, codec and prompts is reused
+(`--force` measures again).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default", help="default or a local HF model directory")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    parser.add_argument("--codec", default=None, help="codec of the stored chunks (default: the server's default)")
+    parser.add_argument("--per-family", type=int, default=2, help="dev prompts per quality-suite family")
+    parser.add_argument("--families", default=None, help="comma-separated families (default: all)")
+    parser.add_argument("--methods", default=None, help="comma-separated selection methods (default: all)")
+    parser.add_argument("--ratios", default=None, help="comma-separated recompute ratios")
+    parser.add_argument("--force", action="store_true", help="measure again even when a result is stored")
+
+
+def candidates(methods: str | None, ratios: str | None):
+    from workers.blend import BlendConfig
+    from workers.calibration import default_candidates
+
+    configs = default_candidates()
+    chosen_methods = methods.split(",") if methods else list(dict.fromkeys(c.method for c in configs))
+    chosen_ratios = [float(r) for r in ratios.split(",")] if ratios else sorted({c.recompute_ratio for c in configs})
+    return [BlendConfig(recompute_ratio=r, method=m) for m in chosen_methods for r in chosen_ratios]
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ragkv.bench.quality.prompts import make_prompts
+    from workers.calibration import Target, calibrate, calibration_path
+    from workers.runner import ModelRunner
+
+    console = Console()
+    codec = args.codec or _default_codec()
+    runner = ModelRunner.load(args.model, device=args.device)
+    prompts = make_prompts("dev", lambda text: len(runner.tokenize(text)),
+                           args.families.split(",") if args.families else None, per_family=args.per_family)
+    record = calibrate(runner, prompts, codec, candidates(args.methods, args.ratios), Target(), force=args.force,
+                       progress=lambda line: console.print(line, style="dim"))
+    table = Table(title=f"blend calibration: {args.model}, codec {codec}, {len(prompts)} dev prompts")
+    for column in ("setting", "accuracy", "agreement vs full", "KL vs full", "compute vs full"):
+        table.add_column(column)
+    for key, score in record["scores"].items():
+        style = "bold green" if key == record["chosen_key"] else None
+        table.add_row(key, f"{score['accuracy']:.3f}", f"{score['agreement']:.3f}", f"{score['kl']:.3f}",
+                      f"{score['compute_fraction']:.3f}", style=style)
+    console.print(table)
+    console.print(("reused stored result; " if record["reused"] else "") + record["note"])
+    console.print(f"stored at {calibration_path(runner, codec)}")
+    return 0
+
+
+def _default_codec() -> str:
+    from workers.engine import EngineConfig
+
+    return EngineConfig().codec

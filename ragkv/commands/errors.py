@@ -1,0 +1,23 @@
+"""A bad flag or path on the command line: one line on stderr naming the flag, exit status 2."""
+
+from __future__ import annotations
+
+import sys
+
+
+class FlagError(SystemExit):
+    """Exit status 2 (argparse's for usage errors); str() is the one-line message."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def flag_error(command: str, message: str) -> FlagError:
+    """Print `ragkv COMMAND: MESSAGE` on stderr and return the FlagError to raise."""
+    error = FlagError(f"ragkv {command}: {message}")
+    print(error.message, file=sys.stderr)
+    return error

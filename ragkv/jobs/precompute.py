@@ -1,0 +1,41 @@
+"""Batch precompute job: chunk a corpus and store every chunk's KV, fanned out over Ray worker actors.
+
+    python -m ragkv.jobs.precompute --corpus DIR --store redis://HOST:6379/0 \\
+        [--chunk-tokens 256] [--codec kivi2] [--workers N] [--namespace NS] [--model default]
+
+Prints one summary JSON line, {"precompute": {...}}. Under `ray job submit` it joins the job's
+cluster; run directly it starts a local one (or joins RAY_ADDRESS). The work is
+workers/precompute.py:run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from workers.chunking import DEFAULT_CHUNK_TOKENS
+from workers.engine import EngineConfig
+from workers.precompute import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ragkv.jobs.precompute", description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpus", required=True, help="directory of *.txt and *.jsonl (field `text`) files")
+    p.add_argument("--store", required=True, help="redis://HOST:PORT/DB (cluster) or disk:PATH (one node)")
+    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS)
+    p.add_argument("--codec", default=EngineConfig.codec)
+    p.add_argument("--workers", type=int, default=None, help="actors (default: GPUs, else CPUs/4, at least 1)")
+    p.add_argument("--namespace", default="")
+    p.add_argument("--model", default=EngineConfig.model)
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    summary = run(args.corpus, args.store, args.chunk_tokens, args.codec, args.workers, args.namespace,
+                  args.model, progress=not args.no_progress)
+    print(json.dumps({"precompute": asdict(summary)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Selection methods for CacheBlend: which stored chunk tokens are recomputed, and from which layer.
+
+A method is a small frozen dataclass behind one interface, registered by name
+(`@selection("name")`), built from a `BlendConfig` (`make_selection`). The
+blend loop (workers/blend.py) asks it two things:
+
+- `start(ctx)`: the prompt indices whose hidden states enter layer 0;
+- `keep(layer, ctx, hidden, active)`: before `layer`, the subset of `active`
+  that goes on (None = all of it). Tokens dropped here keep their stored K/V
+  from `layer` on; tokens kept get fresh K/V written over the stored ones.
+
+Every method spends the same budget, `round(ratio * chunk tokens)` recomputed
+chunk tokens, so `blend:METHOD@RATIO` compares methods at equal recompute.
+At ratio 1 every method recomputes every token at every layer (= full prefill);
+at ratio 0 only the always-computed tokens run after layer 0.
+
+Methods:
+- `deviation`: CacheBlend's one-shot choice: the tokens whose fresh K/V deviate
+  most from the stored ones at `check_layer` (Yao et al., 2024);
+- `gradual`: CacheBlend's gradual filtering: a wider set at `check_layer`,
+  re-measured and narrowed layer by layer down to the budget;
+- `legolink`: EPIC's LegoLink (Hu et al., ICML 2025): the first k tokens of every
+  chunk from layer 0 (each chunk was computed alone, so its first tokens are
+  spurious attention sinks); k = `sink_tokens`, else the ratio share of each chunk;
+- `legolink-deviation`, `legolink-gradual`, `legolink-attention`: the first `sink_tokens` of every chunk,
+  the rest of the budget by the inner method;
+- `attention`: the chunk tokens the question attends to most, measured by a cheap
+  probe pass of the always-computed tokens over the stored KV, then recomputed from
+  layer 0 (question-guided selection, as in A3 / Cache-Craft's focus on attended tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from workers.attention import attention_weights
+
+if TYPE_CHECKING:
+    from workers.blend import BlendConfig
+
+
+@dataclass(frozen=True)
+class SelectionContext:
+    runner: object
+    layout: object  # PromptLayout
+    cache: object  # KVCache, the fused one
+    candidates: torch.Tensor  # [C] sorted prompt indices of stored chunk tokens the method may pick from
+    always: torch.Tensor  # [A] sorted prompt indices that run through every layer
+    budget: int  # how many candidates to recompute
+
+    @property
+    def everything(self) -> torch.Tensor:
+        """Every non-prefix token, sorted."""
+        return torch.sort(torch.cat([self.candidates, self.always])).values
+
+    def with_forced(self, forced: torch.Tensor) -> "SelectionContext":
+        """`forced` candidates move to the always-computed set and are paid from the budget."""
+        rest = self.candidates[~torch.isin(self.candidates, forced)]
+        always = torch.sort(torch.cat([self.always, forced])).values
+        return replace(self, candidates=rest, always=always, budget=max(0, self.budget - forced.numel()))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Base: nothing is picked (plain reuse: only the always-computed tokens run)."""
+
+    @classmethod
+    def from_config(cls, config: "BlendConfig") -> "Selection":
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+    def start(self, ctx: SelectionContext) -> torch.Tensor:
+        return ctx.always
+
+    def keep(self, layer: int, ctx: SelectionContext, hidden: torch.Tensor, active: torch.Tensor):
+        return None
+
+    def extra_token_layers(self, ctx: SelectionContext) -> int:
+        """Token-layers the method runs outside the blend loop (a probe pass), for the cost figure."""
+        return 0
+
+
+SELECTIONS: dict[str, type[Selection]] = {}
+
+
+def selection(name: str) -> Callable[[type[Selection]], type[Selection]]:
+    def register(cls: type[Selection]) -> type[Selection]:
+        SELECTIONS[name] = cls
+        return cls
+    return register
+
+
+def make_selection(config: "BlendConfig") -> Selection:
+    if config.method not in SELECTIONS:
+        raise ValueError(f"unknown blend method {config.method!r}; expected one of {', '.join(SELECTIONS)}")
+    return SELECTIONS[config.method].from_config(config)
+
+
+# -- math ------------------------------------------------------------------------
+
+
+def kv_deviation(fresh_k: torch.Tensor, fresh_v: torch.Tensor, old_k: torch.Tensor, old_v: torch.Tensor,
+                 measure: str) -> torch.Tensor:
+    """Per-token deviation; all inputs [kv_heads, T, D] -> [T]. Relative L2, summed over heads."""
+    def rel(fresh, old):
+        return ((fresh - old).float().norm(dim=-1) / (old.float().norm(dim=-1) + 1e-6)).sum(dim=0)
+
+    if measure == "k":
+        return rel(fresh_k, old_k)
+    if measure == "v":
+        return rel(fresh_v, old_v)
+    if measure == "kv":
+        return rel(fresh_k, old_k) + rel(fresh_v, old_v)
+    raise ValueError(f"deviation measure must be 'k', 'v' or 'kv', got {measure!r}")
+
+
+def select_tokens(score: torch.Tensor, candidates: torch.Tensor, count: int) -> torch.Tensor:
+    """The `count` candidates (prompt indices) with the largest score [prompt_len or more], sorted."""
+    count = min(int(count), candidates.numel())
+    if count <= 0:
+        return candidates[:0]
+    top = torch.topk(score[candidates], k=count).indices
+    return torch.sort(candidates[top]).values
+
+
+def fresh_deviation(ctx: SelectionContext, layer: int, hidden: torch.Tensor, active: torch.Tensor,
+                    measure: str) -> torch.Tensor:
+    """-> [prompt_len] deviation of fresh vs stored K/V at `layer` for the active candidates (0 elsewhere).
+
+    hidden: [len(active), hidden] layer input of the `active` (sorted) prompt indices."""
+    runner, kv = ctx.runner, ctx.cache.layers[layer]
+    tokens = ctx.candidates[torch.isin(ctx.candidates, active)]
+    score = torch.zeros(ctx.layout.num_tokens, device=active.device)
+    if tokens.numel() == 0:
+        return score
+    rows = torch.searchsorted(active, tokens)
+    _, fresh_k, fresh_v = runner.qkv(layer, runner.layers[layer].input_layernorm(hidden[rows]), tokens)
+    old_k, old_v = kv.keys[:, tokens], kv.values[:, tokens]
+    if kv.head_mask is not None:  # chunks compressed at ingest: a head that dropped a token has nothing to compare
+        held = kv.head_mask[:, tokens, None]
+        fresh_k, fresh_v = torch.where(held, fresh_k, old_k), torch.where(held, fresh_v, old_v)
+    score[tokens] = kv_deviation(fresh_k, fresh_v, old_k, old_v, measure)
+    return score
+
+
+def chunk_heads(layout, candidates: torch.Tensor, per_chunk: Callable[[int], int]) -> torch.Tensor:
+    """The first per_chunk(chunk_len) tokens of every chunk that are candidates: sorted prompt indices."""
+    heads = [torch.arange(start, start + min(per_chunk(end - start), end - start)) for start, end in layout.chunk_spans]
+    heads = torch.cat(heads).to(candidates.device) if heads else candidates[:0]
+    return heads[torch.isin(heads, candidates)]
+
+
+def question_attention(ctx: SelectionContext, probe_layers: int | None) -> torch.Tensor:
+    """-> [prompt_len] attention the question pays to each token, summed over heads, queries and layers.
+
+    A probe pass: only the always-computed tokens run, over the stored KV (plain reuse), for the first
+    `probe_layers` layers; the queries of the tokens after the last chunk score every cached token. The
+    probe writes K/V of the always-computed tokens only, which the real pass overwrites."""
+    runner, layout, cache = ctx.runner, ctx.layout, ctx.cache
+    device = ctx.always.device
+    score = torch.zeros(layout.num_tokens, device=device)
+    rows = (ctx.always >= layout.suffix_start).nonzero().flatten()
+
+    def observe(layer, q, q_positions, kv):
+        weights = attention_weights(q[:, rows], kv.keys, q_positions[rows], kv.positions,
+                                    runner.layers[layer].self_attn.scaling, kv.head_mask)  # [Hq, Q, T]
+        score[: weights.shape[-1]] += weights.sum(dim=(0, 1))
+
+    hidden = runner.embed(torch.tensor(layout.token_ids, device=device)[ctx.always])
+    for layer in range(probe_layers or runner.shape.num_layers):
+        hidden = runner.layer_forward(layer, hidden, ctx.always, cache, slots=ctx.always, observer=observe)
+    return score
+
+
+# -- methods ---------------------------------------------------------------------
+
+
+@selection("deviation")
+@dataclass(frozen=True)
+class Deviation(Selection):
+    check_layer: int = 1
+    deviation: str = "kv"
+
+    def start(self, ctx):
+        return ctx.everything
+
+    def keep(self, layer, ctx, hidden, active):
+        if layer != self.check_layer:
+            return None
+        picked = select_tokens(fresh_deviation(ctx, layer, hidden, active, self.deviation), ctx.candidates,
+                               ctx.budget)
+        return torch.sort(torch.cat([picked, ctx.always])).values
+
+
+@selection("gradual")
+@dataclass(frozen=True)
+class Gradual(Selection):
+    """Keep `gradual_widen` x the budget at `check_layer`, shrink geometrically to the budget over
+    `gradual_steps` layers, re-measuring the deviation among the survivors at each."""
+    check_layer: int = 1
+    deviation: str = "kv"
+    gradual_widen: float = 3.0
+    gradual_steps: int = 3
+
+    def count_at(self, layer: int, ctx) -> int | None:
+        step = layer - self.check_layer
+        if not 0 <= step < self.gradual_steps:
+            return None
+        if ctx.budget == 0:
+            return 0
+        widen = self.gradual_widen ** (1 - step / max(1, self.gradual_steps - 1)) if self.gradual_steps > 1 else 1.0
+        return min(ctx.candidates.numel(), int(round(ctx.budget * widen)))
+
+    def start(self, ctx):
+        return ctx.everything
+
+    def keep(self, layer, ctx, hidden, active):
+        count = self.count_at(layer, ctx)
+        if count is None:
+            return None
+        score = fresh_deviation(ctx, layer, hidden, active, self.deviation)
+        picked = select_tokens(score, ctx.candidates[torch.isin(ctx.candidates, active)], count)
+        return torch.sort(torch.cat([picked, ctx.always])).values
+
+
+@selection("legolink")
+@dataclass(frozen=True)
+class LegoLink(Selection):
+    """The first k tokens of every chunk from layer 0: k = sink_tokens, else round(ratio * chunk length)."""
+    sink_tokens: int | None = None
+
+    def start(self, ctx):
+        share = ctx.budget / ctx.candidates.numel() if ctx.candidates.numel() else 0.0
+        k = (lambda n: self.sink_tokens) if self.sink_tokens is not None else (lambda n: int(round(share * n)))
+        return torch.sort(torch.cat([ctx.always, chunk_heads(ctx.layout, ctx.candidates, k)])).values
+
+
+@dataclass(frozen=True)
+class WithSinks(Selection):
+    """The first `sink_tokens` (default 4) of every chunk, capped by each chunk's budget share, from layer 0;
+    the inner method picks the rest of the budget from the other chunk tokens."""
+    inner: Selection
+    sink_tokens: int | None = None
+
+    @classmethod
+    def wrapping(cls, inner: type[Selection]) -> type[Selection]:
+        def from_config(config):
+            return cls(inner.from_config(config), config.sink_tokens)
+        return type(f"Sinks{inner.__name__}", (cls,), {"from_config": staticmethod(from_config)})
+
+    def _ctx(self, ctx):
+        share = ctx.budget / ctx.candidates.numel() if ctx.candidates.numel() else 0.0
+        k = 4 if self.sink_tokens is None else self.sink_tokens
+        return ctx.with_forced(chunk_heads(ctx.layout, ctx.candidates, lambda n: min(k, int(round(share * n)))))
+
+    def start(self, ctx):
+        return self.inner.start(self._ctx(ctx))
+
+    def keep(self, layer, ctx, hidden, active):
+        return self.inner.keep(layer, self._ctx(ctx), hidden, active)
+
+    def extra_token_layers(self, ctx):
+        return self.inner.extra_token_layers(self._ctx(ctx))
+
+
+@selection("attention")
+@dataclass(frozen=True)
+class QuestionAttention(Selection):
+    probe_layers: int | None = None  # None = every layer
+
+    def start(self, ctx):
+        if ctx.budget == 0:
+            return ctx.always
+        picked = select_tokens(question_attention(ctx, self.probe_layers), ctx.candidates, ctx.budget)
+        return torch.sort(torch.cat([picked, ctx.always])).values
+
+    def extra_token_layers(self, ctx):
+        return 0 if ctx.budget == 0 else ctx.always.numel() * (self.probe_layers or ctx.runner.shape.num_layers)
+
+
+selection("legolink-deviation")(WithSinks.wrapping(Deviation))
+selection("legolink-gradual")(WithSinks.wrapping(Gradual))
+selection("legolink-attention")(WithSinks.wrapping(QuestionAttention))

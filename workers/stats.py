@@ -1,0 +1,62 @@
+"""Typed engine statistics: what `stats()` of every EngineProtocol implementation returns.
+
+EngineStats is a dataclass; `as_dict()` is the JSON of the Stats RPC (`engine_json`, keys unchanged:
+engine, store, model, codec, and workers for RayEngine / worker for one Ray actor). Like the store's
+stats (kvstore/stats.py) it is also a read-only Mapping over that JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from kvstore.stats import StatsView, StoreStats
+
+
+@dataclass
+class EngineCounters:
+    requests: int = 0
+    chunks_hit: int = 0
+    chunks_computed: int = 0
+    ingested: int = 0  # chunks computed and stored by ingest
+    degraded: int = 0  # requests answered while the store was unreachable
+
+    def __add__(self, other: EngineCounters) -> EngineCounters:
+        """Field by field: RayEngine adds up its actors' counters."""
+        return EngineCounters(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    source: str  # what was asked for: "default" or a path
+    fingerprint: str
+    device: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """RayEngine: the worker pool behind it."""
+
+    mode: str  # the configured workers: ray, ray://ADDRESS, auto
+    count: int
+    retries: int  # calls retried on another actor after one died
+    actors: list[dict]  # each actor's `worker` figures
+
+
+@dataclass(frozen=True, eq=False)
+class EngineStats(StatsView):
+    engine: EngineCounters
+    store: StoreStats
+    model: ModelInfo
+    codec: str
+    workers: PoolInfo | None = None  # RayEngine only
+    worker: dict | None = None  # one Ray actor's own figures (ChunkWorker.stats): computed, stored, waited, ...
+
+    def as_dict(self) -> dict:
+        out = {"engine": asdict(self.engine), "store": self.store.as_dict(), "model": asdict(self.model),
+               "codec": self.codec}
+        if self.workers is not None:
+            out["workers"] = asdict(self.workers)
+        if self.worker is not None:
+            out["worker"] = self.worker
+        return out
