@@ -276,6 +276,7 @@ class Engine:
                        compressions: list[dict | None], stats: dict, should_stop):
         """Every chunk's stored KV (computed and stored on a miss) placed after the prefix -> (cache, computed)."""
         chunks = []
+        faults_before = self.store.counters.unavailable  # any store fault during this request degrades it
         for (start, end), compression in zip(layout.chunk_spans, compressions):
             if should_stop():
                 raise Cancelled("request cancelled")
@@ -285,7 +286,7 @@ class Engine:
             stats["chunks_hit" if hit else "chunks_computed"] += 1
             stats["kv_bytes_loaded"] += kv_nbytes(kv) if hit else 0
             chunks.append(kv)
-        stats["degraded"] = self.store.degraded
+        stats["degraded"] = self.store.degraded or self.store.counters.unavailable > faults_before
         stats["compressed_chunks"] = sum(c is not None for c in compressions)
         return fuse_chunks(self.runner, layout, prefix, chunks)
 

@@ -11,23 +11,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from ragkv.bench.quality.pools import DEV
+
 NAMES = ("Heron", "Basalt", "Marigold", "Thistle", "Cobalt", "Juniper", "Quarry", "Lantern", "Saffron", "Willow",
          "Ember", "Falcon", "Garnet", "Harbor", "Indigo", "Jasper", "Kestrel", "Linden", "Meadow", "Nettle",
          "Onyx", "Pebble", "Quill", "Raven", "Sorrel", "Tamarind", "Umber", "Vesper", "Wren", "Yarrow",
          "Zephyr", "Alder", "Bramble", "Cinder", "Dune", "Elm")
 PLACES = ("Pellingham", "Two Fords", "Karsk", "Lindorf", "Holt", "Grauden", "Sels", "Tessaly", "Marrow Point", "Veyl")
-FILLER = (
-    "The corridors of the {place} records office are lined with oak shelves and smell faintly of wax.",
-    "Clerks in {place} sort the incoming letters by colour before they are filed.",
-    "Every winter the roof of the {place} depot is checked for leaks by two volunteers.",
-    "Visitors to {place} often ask about the old clock tower, which has not chimed since the flood.",
-    "A small garden of herbs grows behind the {place} reading room, tended by the night porter.",
-    "The {place} ledgers from the last century were rebound in green cloth during a quiet summer.",
-    "Deliveries to {place} arrive on Thursdays, carried up the hill by a cart with squeaking wheels.",
-    "In {place} the archivists drink strong tea and argue about the order of the index cards.",
-    "The lamps in the {place} stairwell are lit by hand at dusk, one floor at a time.",
-    "Rain gutters along the {place} annex were painted blue after a vote among the staff.",
-)
+FILLER = DEV.filler  # the quality suite's dev sentences: this set is its `archive_code` family's ancestor
 
 
 @dataclass(frozen=True)

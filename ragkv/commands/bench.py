@@ -7,6 +7,8 @@ import importlib
 import json
 import sys
 
+from ragkv.bench.quality.presets import PRESETS  # names only: no torch
+
 SUITES = ("codecs", "store", "blend", "eviction", "quality", "lora", "precompute", "load", "codec-study")
 
 
@@ -23,18 +25,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     quality = parser.add_argument_group("quality")
     quality.add_argument("--split", choices=("dev", "test"), default="dev",
                          help="quality: dev for choosing defaults, test (held out) for quoted figures")
-    quality.add_argument("--families", type=_names, help="quality: comma-separated families (default all)")
+    quality.add_argument("--families", type=_families, help="quality: comma-separated families (default all)")
     quality.add_argument("--per-family", type=_positive, help="quality: prompts per family and size")
-    quality.add_argument("--sizes", type=_positive, nargs="+", help="quality: prompt sizes in tokens (500 1100 2000)")
-    quality.add_argument("--configs", nargs="+", help="quality: configurations (full, reuse, blend@0.3, codec:int4, "
+    quality.add_argument("--sizes", type=int, nargs="+", choices=(500, 1100, 2000),
+                         help="quality: prompt sizes in tokens (default 1100; 500 with --quick)")
+    quality.add_argument("--configs", nargs="+", type=_configs, help="quality: configurations (full, reuse, blend@0.3, codec:int4, "
                                                       "policy:snapkv@0.2[:noprot], ...)")
-    quality.add_argument("--preset", help="quality: a named configuration set (quick, blend, codecs, eviction, all)")
+    quality.add_argument("--preset", choices=sorted(PRESETS),
+                         help="quality: a named configuration set (default: standard; quick with --quick)")
     quality.add_argument("--plots", metavar="DIR", help="quality: write PNG plots here")
     quality.add_argument("--report", metavar="MD", help="quality: write the Markdown tables here")
 
 
-def _names(text: str) -> list[str]:
-    return [name for name in text.split(",") if name]
+def _families(text: str) -> list[str]:
+    from ragkv.bench.quality.families import FAMILIES  # no torch
+
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in FAMILIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown families {unknown}; expected some of {', '.join(FAMILIES)}")
+    return names
+
+
+def _configs(text: str) -> str:
+    from ragkv.bench.quality.configs import parse_config
+
+    try:
+        parse_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _positive(text: str) -> int:

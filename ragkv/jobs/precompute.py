@@ -1,7 +1,7 @@
 """Batch precompute job: chunk a corpus and store every chunk's KV, fanned out over Ray worker actors.
 
     python -m ragkv.jobs.precompute --corpus DIR --store redis://HOST:6379/0 \\
-        [--chunk-tokens 256] [--codec kivi2] [--workers N] [--namespace NS] [--model default]
+        [--chunk-tokens 256] [--codec NAME (default: the engine's)] [--workers N] [--namespace NS] [--model default]
 
 Prints one summary JSON line, {"precompute": {...}}. Under `ray job submit` it joins the job's
 cluster; run directly it starts a local one (or joins RAY_ADDRESS). The work is

@@ -28,6 +28,7 @@ def _ray(*args, env, timeout):
 
 def test_precompute_through_ray_job_submit(redis_url, runner, tmp_path):
     from kvstore.backends.registry import open_backend
+    from kvstore.codecs import DEFAULT_CODEC
     from kvstore.store import BlockStore
     from workers.chunking import chunk_text
 
@@ -50,7 +51,7 @@ def test_precompute_through_ray_job_submit(redis_url, runner, tmp_path):
         assert job.returncode == 0, (job.stdout[-3000:], job.stderr[-3000:])
         line = next(l for l in job.stdout.splitlines() if l.startswith('{"precompute"'))
         summary = json.loads(line)["precompute"]
-        store = BlockStore(open_backend(redis_url), "kivi2", runner.fingerprint)
+        store = BlockStore(open_backend(redis_url), DEFAULT_CODEC, runner.fingerprint)
         ids = {store.address_for(runner.tokenize(c)) for d in DOCS for c in chunk_text(runner.tokenizer, d, 64)}
         assert summary["computed"] == len(ids)
         assert set(store.backend.keys()) == ids

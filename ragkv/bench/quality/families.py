@@ -130,11 +130,16 @@ def _code_question(d: Draw, entity: str, kind: str) -> str:
     return d.rng.choice(d.pool.code_question).format(entity=entity, kind=kind)
 
 
+def _one_needle(d: Draw, style: str) -> Task:
+    """One code fact in a `style` haystack, asked by its entity."""
+    entity, kind, code = d.entities(1)[0], d.kind(), d.code()
+    chunks = d.chunks({d.target: [_code_fact(d, entity, kind, code)]}, style=style)
+    return Task(chunks, _code_question(d, entity, kind), (code,))
+
+
 @family("single_needle", "RULER NIAH single: one code in repeated noise sentences, asked by its entity")
 def single_needle(d: Draw) -> Task:
-    entity, kind, code = d.entities(1)[0], d.kind(), d.code()
-    chunks = d.chunks({d.target: [_code_fact(d, entity, kind, code)]}, style="noise")
-    return Task(chunks, _code_question(d, entity, kind), (code,))
+    return _one_needle(d, style="noise")
 
 
 @family("multi_key", "RULER multikey: codes of four entities, same template, in different chunks; one asked")
@@ -253,9 +258,7 @@ def code(d: Draw) -> Task:
 
 @family("prose_needle", "one code fact in narrative prose about the pool's people (who did what, where, when)")
 def prose_needle(d: Draw) -> Task:
-    entity, kind, code = d.entities(1)[0], d.kind(), d.code()
-    chunks = d.chunks({d.target: [_code_fact(d, entity, kind, code)]}, style="story")
-    return Task(chunks, _code_question(d, entity, kind), (code,))
+    return _one_needle(d, style="story")
 
 
 @family("passkey", "legacy eviction bench: a pass key said twice in noise, the question announces it")

@@ -33,11 +33,22 @@ def eviction_configs() -> list[str]:
     return rows + [f"policy:{p}@{BUDGETS[0]}:noprot" for p in _policies()]
 
 
+def standard_configs() -> list[str]:
+    """The default full run (~60 s a prompt on the 2-core box, 48 prompts: under an hour): reuse, blend at three ratios, every codec codec-only, the strongest policies at two budgets, and
+    chunks compressed at ingest."""
+    policies = [f"policy:{p}@{b}" for p in STANDARD_POLICIES for b in BUDGETS]
+    return ["reuse", "blend", *(f"blend@{r}" for r in RATIOS[1:4]), *(f"codec:{c}" for c in _codecs()),
+            *policies, *(f"policy:{p}@{BUDGETS[0]}:noprot" for p in STANDARD_POLICIES), "ingest:kvzip@0.3"]
+
+
+STANDARD_POLICIES = ("snapkv", "tova", "kvzip")
+
 PRESETS = {
     "quick": lambda: ["prefix", "reuse", "blend", "blend@1.0", "codec:fp16", "codec:int4", "policy:snapkv@0.5"],
     "blend": blend_configs,
     "codecs": codec_configs,
     "eviction": eviction_configs,
+    "standard": standard_configs,
     "all": lambda: [*blend_configs(), *codec_configs(), *eviction_configs()],
 }
 

@@ -44,6 +44,15 @@ def write_plots(result: dict, directory: str) -> list[str]:
     return [str(p) for p in written]
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def _series(result: dict, pattern: re.Pattern) -> list[tuple[tuple, str]]:
     return [(m.groups(), name) for name in result["configs"] if (m := pattern.match(name))]
 
@@ -71,11 +80,7 @@ def _ratio_plot(result: dict, out: Path) -> Path | None:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(f"accuracy vs recompute ratio ({result['split']}, codec {result['codec']})")
-    fig.tight_layout()
-    path = out / "accuracy_vs_ratio.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "accuracy_vs_ratio.png")
 
 
 def _codec_plot(result: dict, out: Path) -> Path | None:
@@ -98,11 +103,7 @@ def _codec_plot(result: dict, out: Path) -> Path | None:
     ax.set_ylabel("accuracy (mean over families)")
     ax.set_title(f"codecs: codec-only (o) and under blend (x), {result['split']}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "accuracy_vs_bytes.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "accuracy_vs_bytes.png")
 
 
 def _budget_plot(result: dict, out: Path) -> Path | None:
@@ -123,8 +124,4 @@ def _budget_plot(result: dict, out: Path) -> Path | None:
     ax.set_ylabel("accuracy (mean over families)")
     ax.set_title(f"eviction with protection, {result['split']}")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = out / "accuracy_vs_budget.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "accuracy_vs_budget.png")
