@@ -23,20 +23,16 @@ from kvstore.backends.memory import MemoryBackend
 from kvstore.kv import ChunkKV
 from kvstore.store import BlockStore
 from ragkv.bench.divergence import kl_rows, teacher_forced
+from ragkv.bench.eviction import clone
 from ragkv.bench.quality.configs import ConfigKind, Eviction, Prepared
 from ragkv.bench.quality.families import QualityPrompt
 from workers.blend import BlendConfig
-from workers.cache import KVCache, LayerKV
+from workers.cache import KVCache
 from workers.engine import PREFIX_CODEC
 from workers.generate import SamplingParams, decode
 from workers.prompt import PromptLayout, build_prompt
 from workers.requests import CompressionSpec
 from workers.rope import rerotate_keys
-
-
-def clone(cache: KVCache) -> KVCache:
-    return KVCache([LayerKV(kv.keys.clone(), kv.values.clone(), kv.positions.clone(),
-                            None if kv.head_mask is None else kv.head_mask.clone()) for kv in cache.layers])
 
 
 @dataclass
