@@ -14,12 +14,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 from kvstore.codecs import CODECS
+from workers.batching.scheduler import BatchConfig
 from workers.engine import EngineConfig
 from workers.paths import default_store_url
 
 MiB = 1 << 20
 # EngineConfig fields a flag or a RAGKV_* variable sets (the others are the engine's own business)
 ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes")
+BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfig.batch (BatchConfig)
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
 
@@ -54,6 +56,8 @@ class ServeConfig:
         """The engine settings read through: config.codec is config.engine.codec."""
         if name in ENGINE_FIELDS:
             return getattr(self.engine, name)
+        if name in BATCH_FIELDS:
+            return getattr(self.engine.batch, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
@@ -73,7 +77,8 @@ class ServeConfig:
         """Defaults overlaid with RAGKV_<FIELD> variables (e.g. RAGKV_TOKEN, RAGKV_MAX_QUEUE)."""
         env = os.environ if env is None else env
         settable = [f for f in fields(cls) if f.name != "engine"] + \
-            [f for f in fields(EngineConfig) if f.name in ENGINE_FIELDS]
+            [f for f in fields(EngineConfig) if f.name in ENGINE_FIELDS] + \
+            [f for f in fields(BatchConfig) if f.name in BATCH_FIELDS]
         values = {}
         for f in settable:
             raw = env.get(f"RAGKV_{f.name.upper()}")
@@ -86,6 +91,9 @@ class ServeConfig:
         engine settings (ENGINE_FIELDS) go into the EngineConfig."""
         given = {k: v for k, v in overrides.items() if v is not None}
         engine = {k: given.pop(k) for k in ENGINE_FIELDS if k in given}
+        batch = {k: given.pop(k) for k in BATCH_FIELDS if k in given}
+        if batch:
+            engine["batch"] = replace(self.engine.batch, **batch)
         return replace(self, engine=replace(self.engine, **engine), **given)
 
 

@@ -16,6 +16,8 @@ import torch
 
 from kvstore.kv import ChunkKV
 
+GROWTH_TOKENS = 256  # room added when an append outgrows a layer's buffers (decode appends one token a step)
+
 
 @dataclass
 class LayerKV:
@@ -23,6 +25,8 @@ class LayerKV:
     values: torch.Tensor  # [kv_heads, T, head_dim]
     positions: torch.Tensor  # [T] int64 logical positions; [kv_heads, T] when heads keep different tokens
     head_mask: torch.Tensor | None = None  # [kv_heads, T] bool, False = evicted for that head
+    # buffers this layer allocated, with room behind the live views (see append)
+    _room: "_Room | None" = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -33,14 +37,53 @@ class LayerKV:
         return total + (self.head_mask.nbytes if self.head_mask is not None else 0)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
-        self.keys = torch.cat([self.keys, keys], dim=1)
-        self.values = torch.cat([self.values, values], dim=1)
+        """Add tokens at the end. The layer keeps buffers with room to spare, so a decode step writes one
+        token in place instead of copying the whole layer (torch.cat). Only buffers this layer allocated
+        itself, still behind the very tensors it last set, are written in place: a LayerKV built over
+        another's tensors, or whose tensors were replaced, copies into fresh buffers first."""
         if self.positions.dim() == 2:  # per-head layout: every head gets the new tokens
             positions = positions[None, :].expand(self.positions.shape[0], -1)
-        self.positions = torch.cat([self.positions, positions], dim=-1)
+        new = (keys, values, positions)
+        length, added = self.keys.shape[1], keys.shape[1]
+        room = self._room
+        if not (room is not None and room.views[0] is self.keys and room.views[1] is self.values
+                and room.views[2] is self.positions and length + added <= room.capacity
+                and all(b.dtype == n.dtype for b, n in zip(room.buffers, new))):
+            room = self._room = _Room.around((self.keys, self.values, self.positions), new)
+        room.buffers[0][:, length:length + added] = keys
+        room.buffers[1][:, length:length + added] = values
+        room.buffers[2][..., length:length + added] = positions
+        room.views = (room.buffers[0][:, :length + added], room.buffers[1][:, :length + added],
+                      room.buffers[2][..., :length + added])
+        self.keys, self.values, self.positions = room.views
         if self.head_mask is not None:
             fresh = torch.ones(keys.shape[0], keys.shape[1], dtype=torch.bool, device=keys.device)
             self.head_mask = torch.cat([self.head_mask, fresh], dim=1)
+
+
+@dataclass
+class _Room:
+    """Buffers (keys [H, C, D], values [H, C, D], positions [C] or [H, C]) with capacity C, and the
+    leading views of them the layer holds."""
+
+    buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    views: tuple
+    capacity: int
+
+    @classmethod
+    def around(cls, current: tuple, new: tuple) -> "_Room":
+        """Fresh buffers holding `current`, with room for `new` and GROWTH_TOKENS more."""
+        length = current[0].shape[1]
+        capacity = length + new[0].shape[1] + GROWTH_TOKENS
+        buffers = []
+        for i, (now, extra) in enumerate(zip(current, new)):
+            dim = 1 if i < 2 else now.dim() - 1  # keys/values: tokens on dim 1; positions: the last
+            shape = list(now.shape)
+            shape[dim] = capacity
+            buffer = now.new_empty(shape, dtype=torch.promote_types(now.dtype, extra.dtype))
+            buffer.narrow(dim, 0, length).copy_(now)
+            buffers.append(buffer)
+        return cls(tuple(buffers), current, capacity)
 
 
 @dataclass

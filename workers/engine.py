@@ -20,12 +20,15 @@ from kvstore.backends.registry import open_backend
 from kvstore.codecs import DEFAULT_CODEC
 from kvstore.kv import ChunkKV
 from kvstore.store import BlockStore
+from workers.batching.scheduler import BatchConfig, Scheduler
+from workers.batching.sequence import Sequence
+from workers.batching.step import decode_step
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
 from workers.errors import Cancelled, InvalidArgument, NotFound, Unavailable
 from workers.eviction.chunks import (check_ingest_spec, chunk_namespace, compact, compress_chunk, compression_json,
                                      spec_from_json)
-from workers.generate import DecodeHooks, SamplingParams, decode
+from workers.generate import DecodeHooks, SamplingParams
 from workers.modes import PREFILL_MODES, PrefillContext, kv_nbytes
 from workers.paths import default_store_url
 from workers.prompt import PromptLayout, build_prompt
@@ -54,6 +57,7 @@ class EngineConfig:
     workers: str = "inproc"
     blend: BlendConfig = field(default_factory=BlendConfig)
     use_calibration: bool = True  # a stored calibration replaces `blend` for requests without a ratio
+    batch: BatchConfig = field(default_factory=BatchConfig)  # continuous batching (workers/batching)
 
 
 def open_store_backend(config: EngineConfig) -> Backend:
@@ -81,10 +85,13 @@ class Engine:
         # same backend, own codec: the codec is part of the address, so the two never collide
         self.prefix_store = BlockStore(backend, PREFIX_CODEC, self.runner.fingerprint)
         self.blend_setting = blend_setting(config, self.runner)  # (config, "calibrated" | "default")
-        self._compute_lock = threading.Lock()  # one forward pass at a time: torch already uses every core
+        self._compute_lock = threading.RLock()  # one forward pass at a time: torch already uses every core
         self._prefix_cache: OrderedDict[str, ChunkKV] = OrderedDict()
         self.counters = EngineCounters()
         self.chunk_compute = chunk_compute
+        self.decode_weights = self.runner.decode_weights(config.batch.decode_kernel, config.batch.max_batch)
+        # continuous batching: the scheduler's thread runs every prefill and decode step
+        self.scheduler = Scheduler(config.batch, self._compute_lock, self._start_sequence, self._decode_sequences)
 
     # -- chunks ---------------------------------------------------------------
     def tokenize_chunk(self, text: str, field_name: str) -> list[int]:
@@ -205,44 +212,71 @@ class Engine:
 
     def generate_stream(self, request: GenerateRequest,
                         should_stop: Callable[[], bool] | None = None) -> Iterator[str | GenerateResult]:
-        """Yield text pieces as tokens are generated, then one GenerateResult."""
+        """Yield text pieces as tokens are generated, then one GenerateResult.
+
+        The prompt is resolved here, in the caller's thread (a bad chunk fails at once); the prefill
+        and every decode step run on the scheduler's thread, batched with the other requests."""
         start = time.perf_counter()
-        should_stop = should_stop or (lambda: False)
         resolved = [self._resolve_chunk(c, i, request.namespace) for i, c in enumerate(request.chunks)]
-        chunk_ids = [ids for ids, _ in resolved]
-        layout = build_prompt(self.runner.tokenizer, request.system_prompt, chunk_ids, request.question)
-        compressor = self._make_compressor(request, layout)
-        observer = compressor.observer if compressor else None
-        with self._compute_lock:
-            logits, stats, cache = self._prefill(request, layout, observer, should_stop, [c for _, c in resolved])
-            if compressor is not None:
-                compressor.prepare(self.runner, cache, layout.token_ids, (0, layout.suffix_start))
-                stats["compression"] = compressor.compress(cache)
-            ttft = time.perf_counter() - start
-            stats["prefill_s"] = ttft
-            hooks = compressor.decode_hooks() if compressor else DecodeHooks()
-            hooks.should_stop = should_stop
-            params = SamplingParams(request.max_new_tokens, request.temperature, request.top_p, request.seed)
-            tokens: list[int] = []
-            emitted = ""
-            for token in decode(self.runner, cache, logits, layout.num_tokens, params, hooks):
+        layout = build_prompt(self.runner.tokenizer, request.system_prompt, [ids for ids, _ in resolved],
+                              request.question)
+        params = SamplingParams(request.max_new_tokens, request.temperature, request.top_p, request.seed)
+        seq = Sequence(request, params, should_stop or (lambda: False),
+                       kv_tokens=layout.num_tokens + request.max_new_tokens,
+                       context={"start": start, "layout": layout, "compressions": [c for _, c in resolved]})
+        self.scheduler.submit(seq)
+        tokens: list[int] = []
+        emitted = ""
+        try:
+            for kind, token in seq.events():
+                if kind != "token":
+                    continue
                 tokens.append(token)
                 text = self.runner.detokenize(tokens)
                 if not text.endswith("\ufffd") and len(text) > len(emitted):  # hold back half a UTF-8 character
                     yield text[len(emitted):]
                     emitted = text
-            if should_stop():
-                raise Cancelled("request cancelled")
+        finally:
+            seq.cancel()  # a no-op once finished; a caller that stopped reading frees its place in the batch
         text = self.runner.detokenize(tokens)
         if len(text) > len(emitted):
             yield text[len(emitted):]
+        stats, compressor = seq.context["stats"], seq.context["compressor"]
         if compressor is not None:
             stats["compression"].update(compressor.stats())
         stats.update(prompt_tokens=layout.num_tokens, generated_tokens=len(tokens), mode=request.mode,
-                     kv_bytes_final=cache.nbytes())
+                     kv_bytes_final=seq.cache.nbytes(), decode_kernel=self.decode_weights.kernel)
         self._count(stats)
+        ttft = seq.context["ttft"]
         yield GenerateResult(text=text, token_ids=tokens, prompt_token_ids=layout.token_ids, ttft_s=ttft,
                              total_s=time.perf_counter() - start, stats=stats)
+
+    def _start_sequence(self, seq: Sequence) -> None:
+        """The scheduler's prefill (under the compute lock): fill the cache by the request's mode,
+        compress it, and leave the first token's logits."""
+        request, layout = seq.request, seq.context["layout"]
+        compressor = self._make_compressor(request, layout)
+        observer = compressor.observer if compressor else None
+        logits, stats, cache = self._prefill(request, layout, observer, seq.stopped, seq.context["compressions"])
+        if compressor is not None:
+            compressor.prepare(self.runner, cache, layout.token_ids, (0, layout.suffix_start))
+            stats["compression"] = compressor.compress(cache)
+        ttft = time.perf_counter() - seq.context["start"]
+        stats["prefill_s"] = ttft
+        stats["queued_s"] = seq.arrived - seq.context["start"]
+        seq.cache, seq.logits, seq.next_position = cache, logits, layout.num_tokens
+        seq.hooks = compressor.decode_hooks() if compressor else DecodeHooks()
+        seq.context.update(stats=stats, compressor=compressor, ttft=ttft, stop_ids=self.runner.stop_token_ids)
+
+    def _decode_sequences(self, seqs: list[Sequence]) -> None:
+        """The scheduler's decode step: every sequence's last token through the model in one batch."""
+        logits = decode_step(self.runner, self.decode_weights, [s.tokens[-1] for s in seqs],
+                             [s.next_position + len(s.tokens) - 1 for s in seqs], [s.cache for s in seqs],
+                             [s.hooks.observer for s in seqs])
+        for seq, row in zip(seqs, logits):
+            seq.logits = row
+            if seq.hooks.after_step is not None:
+                seq.hooks.after_step(seq.cache)
 
     def _make_compressor(self, request: GenerateRequest, layout: PromptLayout):
         spec = request.compression
@@ -327,7 +361,13 @@ class Engine:
         model = ModelInfo(runner.loaded.source, runner.fingerprint, str(runner.device), str(runner.dtype))
         return EngineStats(replace(self.counters), self.store.stats(), model, self.config.codec)
 
+    @property
+    def max_batch(self) -> int:
+        """Requests this engine serves at once (the server admits this many, then queues)."""
+        return self.config.batch.max_batch
+
     def close(self) -> None:
+        self.scheduler.close()
         self.store.close()
 
 

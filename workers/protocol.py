@@ -38,6 +38,8 @@ ENGINE_METHODS = ("ingest", "generate", "generate_stream", "lookup", "pin", "unp
 
 @runtime_checkable
 class EngineProtocol(Protocol):
+    max_batch: int  # requests served at once (its scheduler's batch, summed over Ray actors)
+
     def ingest(self, texts: Sequence[str], pin: bool = False, namespace: str = "",
                compression: CompressionSpec | None = None) -> list[ChunkRef]: ...
 

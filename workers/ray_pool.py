@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Sequence
 from workers.engine import Engine, EngineConfig
 from workers.errors import Cancelled, InvalidArgument
 from workers.protocol import ShouldStop
-from workers.requests import ChunkRef, GenerateRequest, GenerateResult
+from workers.requests import ChunkRef, GenerateRequest, GenerateResult, is_chunk_id
 from workers.stats import EngineCounters, EngineStats, PoolInfo
 
 log = logging.getLogger("ragkv.ray")
@@ -33,6 +33,8 @@ MAX_RESTARTS = 4
 MAX_TASK_RETRIES = 2
 DEFAULT_LEASE_TTL_S = 30.0
 STOP_POLL_S = 0.1  # how often a blocking call checks should_stop
+SPARE_ACTOR_THREADS = 4  # actor threads beyond its batch: ingest, compute and stats calls are not stuck behind it
+STORED_CHUNK_TOKENS = 256  # dispatch's estimate for a chunk given by id (the driver does not read blocks)
 
 
 class ChunkWorker:
@@ -140,7 +142,9 @@ class WorkerPool:
         n = num_workers or default_num_workers()
         gpu = ray.cluster_resources().get("GPU", 0) > 0
         resources = {"num_gpus": 1} if gpu else {"num_cpus": 1}
+        # a threaded actor: its engine's scheduler batches the generate calls that arrive together
         actor_cls = ray.remote(ChunkWorker).options(max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES,
+                                                    max_concurrency=config.batch.max_batch + SPARE_ACTOR_THREADS,
                                                     **resources)
         self.actors = [actor_cls.remote(config, lease_ttl_s) for _ in range(n)]
         self._outstanding = [0] * n
@@ -153,27 +157,33 @@ class WorkerPool:
         return len(self.actors)
 
     # -- dispatch --------------------------------------------------------------
-    def _pick(self, exclude: set[int]) -> int:
+    def _pick(self, exclude: set[int], weight: int = 1) -> int:
         with self._lock:
             candidates = [i for i in range(len(self.actors)) if i not in exclude] or list(range(len(self.actors)))
             start = next(self._rr)
-            # least outstanding; ties rotate so equal load spreads evenly
+            # least outstanding work (tokens for generation); ties rotate so equal load spreads evenly
             index = min(candidates, key=lambda i: (self._outstanding[i], (i - start) % len(self.actors)))
-            self._outstanding[index] += 1
+            self._outstanding[index] += weight
             return index
 
-    def _done(self, index: int) -> None:
+    def _done(self, index: int, weight: int = 1) -> None:
         with self._lock:
-            self._outstanding[index] -= 1
+            self._outstanding[index] -= weight
 
-    def submit(self, method: str, *args, exclude: set[int] | None = None):
-        """-> (actor index, ObjectRef); call `done(index)` once the ref is resolved."""
-        index = self._pick(exclude or set())
+    def submit(self, method: str, *args, exclude: set[int] | None = None, weight: int = 1):
+        """-> (actor index, ObjectRef); call `done(index, weight)` once the ref is resolved.
+        weight: the call's share of an actor's work (generation: its estimated tokens, request_tokens)."""
+        index = self._pick(exclude or set(), weight)
         return index, getattr(self.actors[index], method).remote(*args)
 
     done = _done
 
-    def call(self, method: str, *args, timeout: float | None = None, should_stop: ShouldStop | None = None):
+    def outstanding(self) -> list[int]:
+        with self._lock:
+            return list(self._outstanding)
+
+    def call(self, method: str, *args, timeout: float | None = None, should_stop: ShouldStop | None = None,
+             weight: int = 1):
         """Run one call on the least-loaded actor; on actor death retry it on another one.
         `should_stop()` is polled while waiting: when true the call is cancelled and Cancelled raised."""
         import ray
@@ -181,7 +191,7 @@ class WorkerPool:
 
         tried: set[int] = set()
         for attempt in range(len(self.actors) + MAX_RESTARTS):
-            index, ref = self.submit(method, *args, exclude=tried)
+            index, ref = self.submit(method, *args, exclude=tried, weight=weight)
             try:
                 if should_stop is not None:
                     _wait_unless_stopped(ref, should_stop, timeout)
@@ -193,7 +203,7 @@ class WorkerPool:
             except RayTaskError as e:
                 raise _cause(e) from None
             finally:
-                self._done(index)
+                self._done(index, weight)
         raise RuntimeError(f"{method}: every worker failed")
 
     def map(self, method: str, batches: Sequence[tuple], on_result: Callable[[tuple, object], None] | None = None,
@@ -291,6 +301,13 @@ def pool_for(config: EngineConfig) -> WorkerPool:
         return _POOLS[key]
 
 
+def request_tokens(request: GenerateRequest) -> int:
+    """A request's estimated tokens, for dispatch: the driver loads no tokenizer, so a text chunk counts
+    ~4 characters a token and a chunk given by id STORED_CHUNK_TOKENS; plus every token it may generate."""
+    prompt = sum(STORED_CHUNK_TOKENS if is_chunk_id(c) else len(c) // 4 + 1 for c in request.chunks)
+    return prompt + (len(request.question) + len(request.system_prompt)) // 4 + request.max_new_tokens
+
+
 class RayEngine:
     """An EngineProtocol (workers/protocol.py) whose every request runs on a pool actor (the driver loads no model)."""
 
@@ -306,8 +323,12 @@ class RayEngine:
             return self.pool.call("ingest_compressed", list(texts), namespace, pin, compression)
         return self.pool.ingest(texts, namespace, pin)
 
+    @property
+    def max_batch(self) -> int:
+        return len(self.pool) * self.config.batch.max_batch
+
     def generate(self, request: GenerateRequest, should_stop: ShouldStop | None = None) -> GenerateResult:
-        return self.pool.call("generate", request, should_stop=should_stop)
+        return self.pool.call("generate", request, should_stop=should_stop, weight=request_tokens(request))
 
     def generate_stream(self, request: GenerateRequest,
                         should_stop: ShouldStop | None = None) -> Iterator[str | GenerateResult]:
@@ -317,8 +338,9 @@ class RayEngine:
 
         should_stop = should_stop or (lambda: False)
         tried: set[int] = set()
+        weight = request_tokens(request)
         for _ in range(len(self.pool) + MAX_RESTARTS):
-            index, gen = self.pool.submit("generate_stream", request, exclude=tried)
+            index, gen = self.pool.submit("generate_stream", request, exclude=tried, weight=weight)
             started = False
             try:
                 for ref in gen:
@@ -336,7 +358,7 @@ class RayEngine:
             except RayTaskError as e:
                 raise _cause(e) from None
             finally:
-                self.pool.done(index)
+                self.pool.done(index, weight)
         raise RuntimeError("generate_stream: every worker failed")
 
     def _admin(self, method: str, ids: Sequence[str], namespace: str):

@@ -67,6 +67,7 @@ class ModelRunner:
         self.rope_type = _rope_type(config)
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
+        self._decode_weights: dict[tuple[str, int], object] = {}
 
     @classmethod
     def load(cls, source: str = DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None) -> "ModelRunner":
@@ -93,6 +94,15 @@ class ModelRunner:
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         ids.update(eos if isinstance(eos, list) else [eos])
         return {i for i in ids if i is not None}
+
+    def decode_weights(self, kernel: str, pad_rows: int):
+        """The weights in a batched decode kernel's form (workers/batching), built once per (kernel, rows)."""
+        from workers.batching.step import build_decode_weights
+
+        key = (kernel, pad_rows if kernel == "fp32" else 0)  # only fp32 pads rows
+        if key not in self._decode_weights:
+            self._decode_weights[key] = build_decode_weights(self, kernel, pad_rows)
+        return self._decode_weights[key]
 
     # -- forward pieces -----------------------------------------------------
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

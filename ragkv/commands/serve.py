@@ -7,7 +7,8 @@ from dataclasses import fields
 
 from kvstore.codecs import CODECS
 from ragkv.commands.errors import flag_error
-from ragkv.config import ENGINE_FIELDS, MiB, ServeConfig
+from ragkv.config import BATCH_FIELDS, ENGINE_FIELDS, MiB, ServeConfig
+from workers.batching.linear import DECODE_KERNELS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--max-queue", type=int, help=f"requests allowed to wait for the engine (default {d.max_queue})")
+    p.add_argument("--max-batch", type=int,
+                   help=f"requests decoded together in one forward pass; 1 = one at a time (default {d.max_batch})")
+    p.add_argument("--max-batch-tokens", type=int,
+                   help="KV tokens (prompt + max_new_tokens) the running batch may hold (default: no limit)")
+    p.add_argument("--decode-kernel", choices=sorted(DECODE_KERNELS),
+                   help=f"decode-step linear kernel (default {d.decode_kernel}: the model's own 4-bit weights; "
+                        "fp32 is exact, slower)")
     p.add_argument("--max-message-bytes", type=_size, metavar="BYTES",
                    help=f"largest request/response (default {d.max_message_bytes // MiB}M)")
     p.add_argument("--grace", type=float, dest="grace_s", metavar="SECONDS",
@@ -45,7 +53,7 @@ def _size(text: str) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
-    names = [f.name for f in fields(ServeConfig) if f.name != "engine"] + list(ENGINE_FIELDS)
+    names = [f.name for f in fields(ServeConfig) if f.name != "engine"] + list(ENGINE_FIELDS) + list(BATCH_FIELDS)
     return ServeConfig.from_env().with_overrides(**{n: getattr(args, n, None) for n in names})
 
 

@@ -24,7 +24,7 @@ from workers.protocol import EngineProtocol
 log = logging.getLogger("ragkv.server")
 
 SERVICE_NAME = ragkv_pb2.DESCRIPTOR.services_by_name["RagKV"].full_name  # "ragkv.v1.RagKV"
-SPARE_THREADS = 8  # beyond the engine slot and the queue: health, stats and refusals stay served
+SPARE_THREADS = 8  # beyond the engine's slots and the queue: health, stats and refusals stay served
 
 
 @dataclass
@@ -51,13 +51,14 @@ def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
 def start_server(config: ServeConfig, engine: EngineProtocol, metrics: Metrics | None = None) -> RunningServer:
     """Serve `engine` on config.host:config.port (port 0: any free one); returns once started."""
     metrics = metrics or Metrics()
-    admission = Admission(config.max_queue)
+    slots = engine.max_batch  # the engine batches this many requests
+    admission = Admission(config.max_queue, slots)
     metrics.watch(engine, admission)
     interceptors = [RequestLogInterceptor(metrics)]
     if config.token:
         interceptors.append(AuthInterceptor(config.token))
     interceptors.append(ErrorInterceptor())
-    server = grpc.server(ThreadPoolExecutor(max_workers=config.max_queue + 1 + SPARE_THREADS, thread_name_prefix="rpc"),
+    server = grpc.server(ThreadPoolExecutor(max_workers=config.max_queue + slots + SPARE_THREADS, thread_name_prefix="rpc"),
                          interceptors=interceptors, options=grpc_options(config))
     ragkv_pb2_grpc.add_RagKVServicer_to_server(RagKVServicer(Instrumented(engine, metrics), admission), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)

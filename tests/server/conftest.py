@@ -23,10 +23,10 @@ def tls_cert(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def guarded_server(tmp_path_factory, tls_cert):
-    """TLS + bearer token + a queue of one (for the queue-full case)."""
+    """TLS + bearer token + a batch of two and a queue of one (for the queue-full case)."""
     cert, key = tls_cert
     proc = ServerProcess(tmp_path_factory.mktemp("serve-guarded"), "--token", TOKEN, "--tls-cert", str(cert),
-                         "--tls-key", str(key), "--max-queue", "1").start()
+                         "--tls-key", str(key), "--max-queue", "1", "--max-batch", "2").start()
     yield proc
     proc.terminate()
 

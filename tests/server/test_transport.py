@@ -19,6 +19,8 @@ from workers.requests import ChunkRef, GenerateResult
 
 
 class StandInEngine:
+    max_batch = 1
+
     def __init__(self):
         self.requests = []
         self.fail: BaseException | None = None

@@ -32,6 +32,8 @@ def test_same_methods_same_parameters(cls):
 
 def test_metrics_wrapper_is_an_engine():
     class Fake:
+        max_batch = 1
+
         def __getattr__(self, name):
             if name in ENGINE_METHODS:
                 return lambda *a, **k: None

@@ -1,0 +1,153 @@
+"""Decode-step linear kernels, registered by name: every one is batch invariant.
+
+A decode step multiplies a few rows (one per running request) by every weight matrix of the
+model, so it reads all the weights once per step and is bound by memory, not arithmetic. The
+kernel that does it must give row i the same bits whatever the other rows are, or a request's
+greedy tokens would depend on who it was batched with:
+
+    fp32   the model's own fp32 weights. Row results of a BLAS gemm depend on the number of
+           rows (M = 1 takes a gemv path), so rows are padded to a fixed count, `pad_rows`.
+           Exact: the same arithmetic as the prefill.
+    int4   the model's own 4-bit weights (GGUF Q4_1: 32-column groups of q * d + m, q in 0..15)
+           recovered exactly from the fp32 matrix and multiplied by torch's CPU int4 kernel with
+           bf16 activations (scales rounded to bf16). A quarter of the bytes per step. A matrix
+           that is not exactly such 4-bit groups, or the Q8_0 embedding (split into two 4-bit
+           halves), is handled the same way when exact, else falls back to fp32.
+
+`DecodeLinear.__call__(x [M, K]) -> [M, N]` in the kernel's own dtype (fp32 or bf16): the caller adds
+it into an fp32 residual in place, or casts it, so no extra conversion is paid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+GROUP = 32
+DECODE_KERNELS: dict[str, Callable[[torch.Tensor, int], "DecodeLinear"]] = {}
+DEFAULT_DECODE_KERNEL = "int4"  # the default model's weights are 4-bit (GGUF Q4_1); fp32 is the exact path
+
+
+def decode_kernel(name: str):
+    def wrap(fn):
+        if name in DECODE_KERNELS:
+            raise ValueError(f"decode kernel {name!r} registered twice")
+        DECODE_KERNELS[name] = fn
+        return fn
+    return wrap
+
+
+class DecodeLinear:
+    kernel: str = "?"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass
+class PaddedLinear(DecodeLinear):
+    """fp32 gemm with the rows padded to `pad_rows` (or the next multiple of it): same bits at any batch size."""
+
+    weight: torch.Tensor  # [N, K]
+    pad_rows: int
+    kernel: str = "fp32"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        padded = -(-rows // self.pad_rows) * self.pad_rows
+        if padded != rows:
+            x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
+        return (x.to(self.weight.dtype) @ self.weight.T)[:rows]
+
+
+def q4_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """weight [N, K] -> (codes [N, K] int32 in 0..15, d [N, K/32], m [N, K/32]) with
+    weight == codes * d + m exactly (d an fp16 value), or None when the matrix is not such groups."""
+    rows, cols = weight.shape
+    if cols % GROUP:
+        return None
+    groups = weight.float().reshape(rows, cols // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    d = ((high - low) / 15).half().float()  # Q4_1 stores d as fp16
+    codes = torch.round((groups - low[..., None]) / torch.where(d > 0, d, 1)[..., None]).clamp(0, 15)
+    if not torch.equal(codes * d[..., None] + low[..., None], groups):
+        return None
+    return codes.reshape(rows, cols).to(torch.int32), d, low
+
+
+def q8_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """weight [N, K] -> (codes [N, K] int32 in -127..127, d [N, K/32]) with weight == codes * d exactly
+    (GGUF Q8_0), or None."""
+    rows, cols = weight.shape
+    if cols % GROUP:
+        return None
+    groups = weight.float().reshape(rows, cols // GROUP, GROUP)
+    d = (groups.abs().amax(-1) / 127).half().float()
+    codes = torch.round(groups / torch.where(d > 0, d, 1)[..., None]).clamp(-127, 127)
+    if not torch.equal(codes * d[..., None], groups):
+        return None
+    return codes.reshape(rows, cols).to(torch.int32), d
+
+
+@dataclass
+class Int4Part:
+    packed: torch.Tensor  # torch's CPU int4 tile layout of codes [N, K]
+    scale_zero: torch.Tensor  # [K/32, N, 2] bf16: w = (code - 8) * scale + zero
+
+
+def int4_part(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Int4Part:
+    """codes [N, K] in 0..15, scale/zero [N, K/32] (weight = codes * scale + zero)."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
+    scale_zero = torch.stack([scale, zero + 8 * scale], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return Int4Part(packed, scale_zero)
+
+
+@dataclass
+class Int4Linear(DecodeLinear):
+    """Sum of 4-bit matmuls (one for Q4_1, two nibbles for Q8_0) with bf16 activations."""
+
+    parts: list[Int4Part]
+    kernel: str = "int4"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.bfloat16)
+        if len(self.parts) == 1:
+            return _int4_mm(x, self.parts[0])
+        out = _int4_mm(x, self.parts[0]).float()
+        for part in self.parts[1:]:
+            out += _int4_mm(x, part)
+        return out
+
+
+def _int4_mm(x: torch.Tensor, part: Int4Part) -> torch.Tensor:
+    """x [M, K] bf16 -> [M, N] bf16."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, part.packed, GROUP, part.scale_zero)
+
+
+def pack_int4(weight: torch.Tensor) -> Int4Linear | None:
+    """The exact 4-bit form of `weight` [N, K] (Q4_1 groups, or Q8_0 as a high and a low nibble), or None."""
+    q4 = q4_groups(weight)
+    if q4 is not None:
+        codes, d, m = q4
+        return Int4Linear([int4_part(codes, d, m)])
+    q8 = q8_groups(weight)
+    if q8 is None:
+        return None
+    codes, d = q8
+    biased = codes + 128  # 1..255 = 16 * high + low; w = d * (16 * high + low - 128)
+    high, low = biased // 16, biased % 16
+    return Int4Linear([int4_part(high, 16 * d, -128 * d), int4_part(low, d, torch.zeros_like(d))])
+
+
+@decode_kernel("fp32")
+def fp32_kernel(weight: torch.Tensor, pad_rows: int) -> DecodeLinear:
+    return PaddedLinear(weight.detach(), pad_rows)
+
+
+@decode_kernel("int4")
+def int4_kernel(weight: torch.Tensor, pad_rows: int) -> DecodeLinear:
+    if weight.device.type != "cpu":  # the int4 kernel here is torch's CPU one
+        return fp32_kernel(weight, pad_rows)
+    return pack_int4(weight.detach()) or fp32_kernel(weight, pad_rows)

@@ -1,0 +1,179 @@
+"""Continuous batching: a waiting queue, a running batch and one step loop (nano-vllm's shape).
+
+    step():  admit (prefill one waiting request, if the batch has room)
+             decode (every running request's next token in one batched forward)
+
+New requests join between steps; a finished, cancelled or failed request leaves at the next one.
+Waiting is first come, first served, and every step decodes every running request, so no request
+starves: a prefill delays the batch by one prefill, and a request waits for at most the ones ahead.
+The model work of a step runs under the engine's compute lock, so ingest and admin calls slot in
+between steps. The scheduler knows nothing of modes or stores: `prefill(seq)` (the engine's) fills
+the sequence's cache and first logits, `decode(seqs)` advances them all by one token.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from workers.batching.linear import DEFAULT_DECODE_KERNEL
+from workers.batching.sequence import Sequence
+from workers.errors import Cancelled, ResourceExhausted
+
+log = logging.getLogger("ragkv.scheduler")
+
+IDLE_WAIT_S = 0.05
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_batch: int = 8  # requests decoded together; 1 = one request at a time
+    max_batch_tokens: int | None = None  # KV tokens (prompt + max_new_tokens) the running batch may hold
+    max_waiting: int = 64  # admitted requests waiting for a place in the batch; more is RESOURCE_EXHAUSTED
+    decode_kernel: str = DEFAULT_DECODE_KERNEL  # workers/batching/linear.py: DECODE_KERNELS
+
+    def __post_init__(self) -> None:
+        from workers.batching.linear import DECODE_KERNELS
+
+        if self.max_batch < 1:
+            raise ValueError(f"--max-batch: must be >= 1, got {self.max_batch}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise ValueError(f"--max-batch-tokens: must be >= 1, got {self.max_batch_tokens}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting: must be >= 0, got {self.max_waiting}")
+        if self.decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"--decode-kernel: unknown kernel {self.decode_kernel!r}; expected one of "
+                             f"{', '.join(DECODE_KERNELS)}")
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    decode_steps: int = 0
+    prefills: int = 0
+    tokens: int = 0
+    batch_size: int = 0  # of the last decode step
+    step_s: float = 0.0  # duration of the last decode step
+    waiting: int = 0
+    running: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: BatchConfig, lock: threading.RLock, prefill: Callable[[Sequence], None],
+                 decode: Callable[[list[Sequence]], None]):
+        self.config = config
+        self.lock = lock
+        self.prefill = prefill
+        self.decode = decode
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = SchedulerStats()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="ragkv-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- callers --------------------------------------------------------------------
+    def submit(self, seq: Sequence) -> None:
+        with self._wake:
+            if self._closed:
+                raise Cancelled("the engine is shutting down")
+            if len(self.waiting) >= self.config.max_waiting + max(0, self.config.max_batch - len(self.running)):
+                raise ResourceExhausted(f"scheduler queue is full ({len(self.waiting)} waiting); retry later")
+            seq.arrived = time.perf_counter()
+            self.waiting.append(seq)
+            self._wake.notify()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop taking requests, finish the running ones (bounded by `timeout_s`), cancel the rest."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout_s)
+
+    # -- the loop ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self.waiting and not self.running and not self._closed:
+                    self._wake.wait(IDLE_WAIT_S)
+                if self._closed and not self.running:
+                    for seq in self.waiting:
+                        seq.finish(Cancelled("the engine is shutting down"))
+                    self.waiting.clear()
+                    return
+            self.step()
+
+    def step(self) -> None:
+        """Admit at most one waiting request (its prefill), then decode every running request one token."""
+        self.stats.steps += 1
+        seq = self._admit()
+        if seq is not None:
+            self._run_prefill(seq)
+        self._retire()
+        if self.running:
+            self._run_decode()
+        self.stats.waiting, self.stats.running = len(self.waiting), len(self.running)
+
+    def _admit(self) -> Sequence | None:
+        with self._wake:
+            while self.waiting and self.waiting[0].stopped():  # cancelled while waiting: never computed
+                self.waiting.popleft().finish(Cancelled("request cancelled while queued"))
+            if self._closed or not self.waiting or len(self.running) >= self.config.max_batch:
+                return None
+            budget = self.config.max_batch_tokens
+            held = sum(s.kv_tokens for s in self.running)
+            head = self.waiting[0]
+            if budget is not None and self.running and held + head.kv_tokens > budget:
+                return None  # waits for room; an empty batch takes any request, so none waits forever
+            return self.waiting.popleft()
+
+    def _run_prefill(self, seq: Sequence) -> None:
+        try:
+            with self.lock:
+                self.prefill(seq)
+        except BaseException as exc:  # the request's own error (NotFound, InvalidArgument, ...) goes to its caller
+            seq.finish(exc if isinstance(exc, Exception) else Cancelled(str(exc)))
+            return
+        self.stats.prefills += 1
+        seq.started()
+        self.running.append(seq)
+
+    def _retire(self) -> None:
+        """Sample each running request's next token; the ones that end (stop token, length, cancel) leave."""
+        keep = []
+        for seq in self.running:
+            if seq.stopped():
+                seq.finish(Cancelled("request cancelled"))
+                continue
+            token = seq.next_token()
+            if token in seq.context["stop_ids"]:
+                seq.finish()
+                continue
+            seq.emit(token)
+            if len(seq.tokens) >= seq.params.max_new_tokens:
+                seq.finish()
+                continue
+            keep.append(seq)
+        self.running = keep
+
+    def _run_decode(self) -> None:
+        start = time.perf_counter()
+        batch = list(self.running)
+        try:
+            with self.lock:
+                self.decode(batch)
+        except Exception as exc:  # a failed step fails its batch, not the server
+            log.exception("decode step failed for %d requests", len(batch))
+            for seq in batch:
+                seq.finish(exc)
+            self.running = []
+            return
+        self.stats.decode_steps += 1
+        self.stats.tokens += len(batch)
+        self.stats.batch_size = len(batch)
+        self.stats.step_s = time.perf_counter() - start
