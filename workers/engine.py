@@ -359,7 +359,8 @@ class Engine:
     def stats(self) -> EngineStats:
         runner = self.runner
         model = ModelInfo(runner.loaded.source, runner.fingerprint, str(runner.device), str(runner.dtype))
-        return EngineStats(replace(self.counters), self.store.stats(), model, self.config.codec)
+        return EngineStats(replace(self.counters), self.store.stats(), model, self.config.codec,
+                           batch=replace(self.scheduler.stats))
 
     @property
     def max_batch(self) -> int:

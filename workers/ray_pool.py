@@ -25,7 +25,7 @@ from workers.engine import Engine, EngineConfig
 from workers.errors import Cancelled, InvalidArgument
 from workers.protocol import ShouldStop
 from workers.requests import ChunkRef, GenerateRequest, GenerateResult, is_chunk_id
-from workers.stats import EngineCounters, EngineStats, PoolInfo
+from workers.stats import BatchStats, EngineCounters, EngineStats, PoolInfo
 
 log = logging.getLogger("ragkv.ray")
 
@@ -380,8 +380,9 @@ class RayEngine:
         """The actors' counters added up; the store and model as the first actor sees them (they share both)."""
         workers = self.pool.stats()
         pool = PoolInfo(self.config.workers, len(workers), self.pool.retries, [w.worker for w in workers])
+        batch = sum((w.batch for w in workers if w.batch is not None), BatchStats())
         return replace(workers[0], engine=sum((w.engine for w in workers), EngineCounters()), codec=self.config.codec,
-                       workers=pool, worker=None)
+                       workers=pool, worker=None, batch=batch)
 
     def close(self) -> None:
         pass  # the pool is per process and outlives one engine; Ray tears actors down with the driver

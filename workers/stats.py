@@ -25,6 +25,25 @@ class EngineCounters:
         return EngineCounters(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
 
+@dataclass
+class BatchStats:
+    """The scheduler's figures (workers/batching/scheduler.py): totals, and the last decode step."""
+
+    steps: int = 0
+    decode_steps: int = 0
+    prefills: int = 0
+    tokens: int = 0  # tokens decoded by batched steps
+    batch_size: int = 0  # requests in the last decode step
+    step_s: float = 0.0  # duration of the last decode step
+    waiting: int = 0  # requests queued for a place in the batch
+    running: int = 0  # requests in the batch
+
+    def __add__(self, other: BatchStats) -> BatchStats:
+        """RayEngine: the actors' figures added up (the slowest last step)."""
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        return BatchStats(**{**summed, "step_s": max(self.step_s, other.step_s)})
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     source: str  # what was asked for: "default" or a path
@@ -51,6 +70,7 @@ class EngineStats(StatsView):
     codec: str
     workers: PoolInfo | None = None  # RayEngine only
     worker: dict | None = None  # one Ray actor's own figures (ChunkWorker.stats): computed, stored, waited, ...
+    batch: BatchStats | None = None  # continuous batching (summed over Ray actors)
 
     def as_dict(self) -> dict:
         out = {"engine": asdict(self.engine), "store": self.store.as_dict(), "model": asdict(self.model),
@@ -59,4 +79,6 @@ class EngineStats(StatsView):
             out["workers"] = asdict(self.workers)
         if self.worker is not None:
             out["worker"] = self.worker
+        if self.batch is not None:
+            out["batch"] = asdict(self.batch)
         return out

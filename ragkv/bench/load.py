@@ -35,7 +35,7 @@ def corpus(max_chunks: int) -> list[str]:
     return chunks[:max_chunks]
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -52,7 +52,9 @@ def _peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-class _Server:
+class ServerProcess:
+    """A `ragkv serve` subprocess on a free loopback port (SIGTERM on stop)."""
+
     def __init__(self, workdir: Path, memory_budget: int, extra: tuple[str, ...] = ()):
         from kvstore.testing import free_port
 
@@ -91,7 +93,7 @@ def run(quick: bool = False, progress: bool = True, requests: int | None = None,
     n_requests = requests or (32 if quick else 192)
     chunks = corpus(24 if quick else 64)
     with tempfile.TemporaryDirectory(prefix="ragkv-load-") as tmp:
-        server = _Server(Path(tmp), memory_budget)
+        server = ServerProcess(Path(tmp), memory_budget)
         try:
             server.wait_ready(300)
             target = f"127.0.0.1:{server.port}"
@@ -161,9 +163,9 @@ def _drive(target, pid, chunks, n_requests, clients, memory_budget, max_new_toke
         "clients": clients, "requests": n_requests, "served": len(all_lat), "errors": len(errors),
         "error_samples": errors[:5], "wall_s": round(wall, 3),
         "throughput_rps": round(len(all_lat) / wall, 3) if wall else 0.0,
-        "latency_s": {"p50": round(_percentile(all_lat, 0.5), 4), "p99": round(_percentile(all_lat, 0.99), 4),
-                      **{kind: {"count": len(v), "p50": round(_percentile(v, 0.5), 4),
-                                "p99": round(_percentile(v, 0.99), 4)} for kind, v in latencies.items()}},
+        "latency_s": {"p50": round(percentile(all_lat, 0.5), 4), "p99": round(percentile(all_lat, 0.99), 4),
+                      **{kind: {"count": len(v), "p50": round(percentile(v, 0.5), 4),
+                                "p99": round(percentile(v, 0.99), 4)} for kind, v in latencies.items()}},
         "server_peak_rss_mb": _peak_rss_mb(pid),
         "memory_tier": {"budget_bytes": budget, "max_bytes_used_seen": tier_seen["max_bytes_used"],
                         "stats_polls": tier_seen["polls"],

@@ -9,7 +9,7 @@ import sys
 
 from ragkv.bench.quality.presets import PRESETS  # names only: no torch
 
-SUITES = ("codecs", "store", "blend", "eviction", "quality", "lora", "precompute", "load", "codec-study")
+SUITES = ("codecs", "store", "blend", "eviction", "quality", "serve", "lora", "precompute", "load", "codec-study")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="blend: extra blend settings measured side by side (e.g. legolink@0.15)")
     parser.add_argument("--codec", help="blend, quality: codec of the stored chunks (default: the engine's)")
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
+    parser.add_argument("--max-batch", type=_positive, help="serve: the batched server's --max-batch (default 16)")
     quality = parser.add_argument_group("quality")
     quality.add_argument("--split", choices=("dev", "test"), default="dev",
                          help="quality: dev for choosing defaults, test (held out) for quoted figures")
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                       "policy:snapkv@0.2[:noprot], ...)")
     quality.add_argument("--preset", choices=sorted(PRESETS),
                          help="quality: a named configuration set (default: standard; quick with --quick)")
-    quality.add_argument("--plots", metavar="DIR", help="quality: write PNG plots here")
+    quality.add_argument("--plots", metavar="DIR", help="quality, serve: write PNG plots here")
     quality.add_argument("--report", metavar="MD", help="quality: write the Markdown tables here")
 
 
@@ -76,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
                       sizes=tuple(args.sizes) if args.sizes else None, configs=args.configs, preset=args.preset,
                       codec=args.codec,
                       plots=args.plots, report=args.report, model=args.model)
+    if args.suite == "serve":
+        kwargs.update(plots=args.plots, **({"max_batch": args.max_batch} if args.max_batch else {}))
     result = module.run(**kwargs)
     text = json.dumps(result, indent=2, sort_keys=False)
     if args.json_out:

@@ -106,10 +106,21 @@ def serve(config: ServeConfig) -> int:
                                               "codec": config.codec, "workers": config.workers,
                                               "metrics_port": config.metrics_port, "max_queue": config.max_queue}})
         print(f"ragkv listening on {config.host}:{running.port}", flush=True)
-        while not stop.wait(0.5):
-            pass
-        log.info("draining", extra={"fields": {"grace_s": config.grace_s}})
-        running.drain(config.grace_s)
+        drained = threading.Event()
+
+        def drain_on_stop() -> None:
+            stop.wait()
+            log.info("draining", extra={"fields": {"grace_s": config.grace_s}})
+            running.drain(config.grace_s)
+            drained.set()
+
+        threading.Thread(target=drain_on_stop, name="ragkv-drain", daemon=True).start()
+        scheduler = getattr(engine, "scheduler", None)  # in process: the batch runs on this, the main thread
+        if scheduler is not None:
+            scheduler.run(until=drained)
+        else:
+            while not drained.wait(0.5):
+                pass
         log.info("stopped")
     finally:
         engine.close()

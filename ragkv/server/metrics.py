@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvstore.stats import StoreStats
+from workers.stats import BatchStats
 from workers.protocol import EngineProtocol
 
 log = logging.getLogger("ragkv.server")
@@ -64,6 +65,7 @@ class Metrics:
     def watch(self, engine, admission=None) -> None:
         """Register the scrape-time collectors for `engine` (and the queue gauges for `admission`)."""
         self.registry.register(StoreCollector(engine))
+        self.registry.register(BatchCollector(engine))
         if admission is not None:
             Gauge("ragkv_queue_waiting", "requests waiting for the engine", registry=self.registry
                   ).set_function(lambda: admission.waiting)
@@ -104,6 +106,44 @@ class StoreCollector(Collector):
         for reason in REJECT_REASONS:  # blocks the store refused to serve (deleted, then recomputed)
             rejected.add_metric([reason], float(getattr(store.counters, reason)) if store is not None else 0.0)
         yield from (stored, blocks, evictions, rejected)
+
+
+class BatchCollector(Collector):
+    """The scheduler's figures at scrape time (EngineStats.batch): batch size, queue depth, step time."""
+
+    def __init__(self, engine: EngineProtocol):
+        self.engine = engine
+
+    def describe(self):
+        return list(self._families())
+
+    def collect(self):
+        try:
+            batch = self.engine.stats().batch
+        except Exception:
+            log.warning("engine.stats() failed during a metrics scrape", exc_info=True)
+            batch = None
+        return list(self._families(batch))
+
+    @staticmethod
+    def _families(batch: BatchStats | None = None) -> Iterator:
+        gauges = {"batch_size": ("ragkv_batch_size", "requests in the last batched decode step"),
+                  "running": ("ragkv_batch_running", "requests in the running batch"),
+                  "waiting": ("ragkv_scheduler_waiting", "requests waiting for a place in the batch"),
+                  "step_s": ("ragkv_decode_step_seconds", "duration of the last batched decode step")}
+        counters = {"decode_steps": ("ragkv_decode_steps", "batched decode steps"),
+                    "tokens": ("ragkv_decode_tokens", "tokens produced by batched decode steps"),
+                    "prefills": ("ragkv_prefills", "prefills run by the scheduler")}
+        for field_name, (name, doc) in gauges.items():
+            family = GaugeMetricFamily(name, doc)
+            if batch is not None:
+                family.add_metric([], float(getattr(batch, field_name)))
+            yield family
+        for field_name, (name, doc) in counters.items():
+            family = CounterMetricFamily(name, doc)
+            if batch is not None:
+                family.add_metric([], float(getattr(batch, field_name)))
+            yield family
 
 
 class Instrumented:

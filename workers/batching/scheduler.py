@@ -23,6 +23,7 @@ from typing import Callable
 from workers.batching.linear import DEFAULT_DECODE_KERNEL
 from workers.batching.sequence import Sequence
 from workers.errors import Cancelled, ResourceExhausted
+from workers.stats import BatchStats
 
 log = logging.getLogger("ragkv.scheduler")
 
@@ -50,18 +51,6 @@ class BatchConfig:
                              f"{', '.join(DECODE_KERNELS)}")
 
 
-@dataclass
-class SchedulerStats:
-    steps: int = 0
-    decode_steps: int = 0
-    prefills: int = 0
-    tokens: int = 0
-    batch_size: int = 0  # of the last decode step
-    step_s: float = 0.0  # duration of the last decode step
-    waiting: int = 0
-    running: int = 0
-
-
 class Scheduler:
     def __init__(self, config: BatchConfig, lock: threading.RLock, prefill: Callable[[Sequence], None],
                  decode: Callable[[list[Sequence]], None]):
@@ -71,11 +60,11 @@ class Scheduler:
         self.decode = decode
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.stats = SchedulerStats()
+        self.stats = BatchStats()
         self._wake = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="ragkv-scheduler", daemon=True)
-        self._thread.start()
+        self._driver: str | None = None  # "thread" (started at the first submit) or "caller" (run())
+        self._thread: threading.Thread | None = None
 
     # -- callers --------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -86,26 +75,46 @@ class Scheduler:
                 raise ResourceExhausted(f"scheduler queue is full ({len(self.waiting)} waiting); retry later")
             seq.arrived = time.perf_counter()
             self.waiting.append(seq)
+            if self._driver is None:  # nobody drives the loop yet: a thread of its own does
+                self._driver = "thread"
+                self._thread = threading.Thread(target=self._loop, name="ragkv-scheduler", daemon=True)
+                self._thread.start()
             self._wake.notify()
+
+    def run(self, until: threading.Event) -> None:
+        """Drive the loop on the calling thread until `until` is set and the batch is empty.
+
+        `ragkv serve` runs it on the process's main thread: torch's OpenMP pool runs a decode step
+        about twice as fast there as on a second thread (measured: README "Serving performance")."""
+        with self._wake:
+            if self._driver is None:
+                self._driver = "caller"
+        if self._driver != "caller":  # a thread already drives it (a request came first)
+            until.wait()
+            return
+        self._loop(until)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop taking requests, finish the running ones (bounded by `timeout_s`), cancel the rest."""
         with self._wake:
             self._closed = True
             self._wake.notify()
-        self._thread.join(timeout_s)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     # -- the loop ---------------------------------------------------------------------
-    def _loop(self) -> None:
+    def _loop(self, until: threading.Event | None = None) -> None:
         while True:
             with self._wake:
-                while not self.waiting and not self.running and not self._closed:
+                while not self.waiting and not self.running and not self._closed and not (until and until.is_set()):
                     self._wake.wait(IDLE_WAIT_S)
-                if self._closed and not self.running:
-                    for seq in self.waiting:
-                        seq.finish(Cancelled("the engine is shutting down"))
-                    self.waiting.clear()
-                    return
+                if (self._closed or (until is not None and until.is_set())) and not self.running:
+                    if self._closed:
+                        for seq in self.waiting:
+                            seq.finish(Cancelled("the engine is shutting down"))
+                        self.waiting.clear()
+                    if self._closed or not self.waiting:
+                        return
             self.step()
 
     def step(self) -> None:

@@ -1,0 +1,236 @@
+"""Continuous batching (workers/batching): kernels, the batched decode step, the scheduler through the engine.
+
+The property everything rests on: a request's greedy tokens are the same in a batch as alone.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from workers.batching.linear import DECODE_KERNELS, pack_int4, q4_groups
+from workers.batching.scheduler import BatchConfig
+from workers.batching.step import decode_step, rope_matrix
+from workers.cache import KVCache, LayerKV
+from workers.engine import Engine, EngineConfig
+from workers.errors import Cancelled, ResourceExhausted
+from workers.requests import CompressionSpec, GenerateRequest
+from kvstore.rope import apply_rope, rope_cos_sin
+
+CHUNKS = [
+    "The capital of Frobnia is Lindorf. Lindorf was founded in 1432 by the salt merchant Osric Vale.",
+    "Zorblat is a cold planet with two moons, Tiv and Rel, and oceans of liquid methane.",
+    "Brightwell Robotics makes greenhouse robots; its chief executive is Lorna Featherstone.",
+    "The Quillon river runs 840 kilometres from the Ashen hills to the port of Maravel.",
+]
+
+
+def _clone(cache: KVCache) -> KVCache:
+    return KVCache([LayerKV(l.keys.clone(), l.values.clone(), l.positions.clone()) for l in cache.layers])
+
+
+@pytest.fixture(scope="module")
+def prefilled(runner):
+    """A 40-token cache and the first greedy token after it."""
+    ids = torch.tensor(runner.tokenize(" ".join(CHUNKS))[:40])
+    cache = KVCache.empty(runner.shape.num_layers)
+    logits = runner.forward(ids, torch.arange(len(ids)), cache)
+    return cache, int(logits.argmax()), len(ids)
+
+
+# -- kernels ---------------------------------------------------------------------------
+def test_default_model_weights_are_exact_4bit_groups(runner):
+    """The GGUF Q4_1 weights come back exactly (codes * d + m == the fp32 matrix), so int4 packs them all."""
+    attn = runner.layers[0].self_attn
+    codes, d, m = q4_groups(attn.q_proj.weight.detach())
+    rebuilt = (codes.float().view(codes.shape[0], -1, 32) * d[..., None] + m[..., None]).reshape(codes.shape)
+    assert torch.equal(rebuilt, attn.q_proj.weight.detach())
+    assert pack_int4(runner.model.lm_head.weight.detach()) is not None  # the Q8_0 embedding, as two nibbles
+    assert runner.decode_weights("int4", 4).kernels_used() == {"int4": 1 + 4 * runner.shape.num_layers}
+    assert q4_groups(torch.randn(8, 64)) is None and pack_int4(torch.randn(8, 64)) is None  # not 4-bit: refused
+
+
+@pytest.mark.parametrize("kernel", sorted(DECODE_KERNELS))
+def test_kernels_are_batch_invariant(runner, kernel):
+    """Row i of a batch has the same bits as row i alone, whatever the other rows hold."""
+    layer = runner.decode_weights(kernel, 8).layers[3]
+    x = torch.randn(8, runner.shape.hidden_size)
+    for linear in (layer.qkv, layer.gate_up):
+        batched = linear(x)
+        assert all(torch.equal(linear(x[i:i + 1])[0], batched[i]) for i in range(8))
+
+
+def test_rope_matrix_equals_rope(runner):
+    pos = torch.tensor([0, 7, 513])
+    x = torch.randn(4, 3, runner.shape.head_dim)  # [H, B, D]
+    cos, sin = rope_cos_sin(pos, runner.inv_freq)
+    by_matrix = torch.bmm(x.transpose(0, 1), rope_matrix(pos, runner.inv_freq)).transpose(0, 1)
+    assert torch.allclose(by_matrix, apply_rope(x, cos, sin), atol=1e-5)
+
+
+# -- the decode step -------------------------------------------------------------------
+def test_fp32_step_equals_the_runner_forward(runner, prefilled):
+    cache, token, n = prefilled
+    ref = runner.forward(torch.tensor([token]), torch.tensor([n]), _clone(cache))
+    out = decode_step(runner, runner.decode_weights("fp32", 4), [token], [n], [_clone(cache)])
+    assert torch.allclose(out, ref, atol=1e-3) and int(out.argmax()) == int(ref.argmax())
+
+
+@pytest.mark.parametrize("kernel", sorted(DECODE_KERNELS))
+def test_step_row_is_the_same_alone_and_in_a_batch(runner, prefilled, kernel):
+    cache, token, n = prefilled
+    weights = runner.decode_weights(kernel, 4)
+    alone = decode_step(runner, weights, [token], [n], [_clone(cache)])
+    short = _clone(cache)  # a shorter, different cache in the same batch
+    for layer in short.layers:
+        layer.keys, layer.values, layer.positions = layer.keys[:, :9], layer.values[:, :9], layer.positions[:9]
+    batch = decode_step(runner, weights, [token, 17, 99], [n, 9, n], [_clone(cache), short, _clone(cache)])
+    assert torch.equal(batch[0], alone[0])
+    assert not torch.equal(batch[1], alone[0])  # the other rows really were different requests
+
+
+def test_cache_grows_in_place_and_never_into_a_shared_buffer():
+    layer = LayerKV(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), torch.arange(3))
+    layer.append(torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([3]))
+    buffer = layer.keys.data_ptr()
+    for step in range(5):
+        layer.append(torch.full((2, 1, 4), step + 2.0), torch.ones(2, 1, 4), torch.tensor([4 + step]))
+    assert layer.keys.data_ptr() == buffer  # written in place, no copy of the layer per token
+    assert layer.keys.shape == (2, 9, 4) and layer.positions.tolist() == list(range(9))
+    assert layer.keys[0, :, 0].tolist() == [0, 0, 0, 1, 2, 3, 4, 5, 6]
+    view = LayerKV(layer.keys, layer.values, layer.positions)  # another layer over the same tensors
+    view.append(torch.full((2, 1, 4), -1.0), torch.ones(2, 1, 4), torch.tensor([9]))
+    layer.append(torch.full((2, 1, 4), 7.0), torch.ones(2, 1, 4), torch.tensor([9]))
+    assert view.keys[0, -1, 0] == -1 and layer.keys[0, -1, 0] == 7  # neither wrote into the other's room
+
+
+# -- the scheduler, through the engine ---------------------------------------------------
+def _engine(runner, tmp_path, **batch) -> Engine:
+    return Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", batch=BatchConfig(**batch)), runner=runner)
+
+
+def _concurrently(engine: Engine, requests: list[GenerateRequest]) -> list:
+    out: list = [None] * len(requests)
+
+    def go(i: int) -> None:
+        try:
+            out[i] = engine.generate(requests[i])
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            out[i] = e
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return out
+
+
+MIXED = [
+    GenerateRequest(question="Who founded Lindorf?", chunks=CHUNKS, mode="full", max_new_tokens=10),
+    GenerateRequest(question="Name the moons of Zorblat.", chunks=CHUNKS[1:3], mode="blend", max_new_tokens=14),
+    GenerateRequest(question="Who runs Brightwell?", chunks=CHUNKS, mode="reuse", max_new_tokens=6),
+    GenerateRequest(question="How long is the Quillon?", chunks=CHUNKS, mode="prefix", max_new_tokens=12,
+                    compression=CompressionSpec(policy="tova", budget=0.5)),
+    GenerateRequest(question="Tell me about Lindorf.", chunks=CHUNKS[:2], mode="blend", max_new_tokens=12,
+                    temperature=0.8, top_p=0.9, seed=7),
+    GenerateRequest(question="Where does the Quillon end?", chunks=CHUNKS, mode="blend", max_new_tokens=8,
+                    compression=CompressionSpec(policy="snapkv", budget=0.4)),
+]
+
+
+def test_mixed_batch_equals_each_request_alone(runner, tmp_path):
+    """Modes, lengths, eviction policies and a sampling seed in one batch: token for token as alone."""
+    engine = _engine(runner, tmp_path, max_batch=len(MIXED))
+    try:
+        alone = [engine.generate(r).token_ids for r in MIXED]
+        before = engine.scheduler.stats.decode_steps
+        batched = _concurrently(engine, MIXED)
+        assert [r.token_ids for r in batched] == alone
+        stats = engine.stats().batch
+        assert stats.decode_steps > before and stats.prefills == 2 * len(MIXED)
+        # the batch really formed: fewer decode steps than the tokens it produced
+        assert stats.decode_steps - before < sum(len(t) for t in alone)
+    finally:
+        engine.close()
+
+
+def test_fp32_full_in_a_batch_equals_transformers_generate(runner, tmp_path):
+    engine = _engine(runner, tmp_path, max_batch=3, decode_kernel="fp32")
+    try:
+        reqs = [GenerateRequest(question=q, chunks=CHUNKS, mode="full", max_new_tokens=10)
+                for q in ("Who founded Lindorf?", "What is Zorblat?", "Who runs Brightwell?")]
+        results = _concurrently(engine, reqs)
+        for result in results:
+            ids = torch.tensor(result.prompt_token_ids)[None]
+            with torch.inference_mode():
+                ref = runner.model.generate(ids, max_new_tokens=10, do_sample=False)[0, ids.shape[1]:].tolist()
+            assert result.token_ids == [t for t in ref if t not in runner.stop_token_ids]
+    finally:
+        engine.close()
+
+
+def test_cancelled_request_leaves_the_batch_and_the_others_finish(runner, tmp_path):
+    engine = _engine(runner, tmp_path, max_batch=2)
+    try:
+        keep = GenerateRequest(question="Who founded Lindorf?", chunks=CHUNKS, mode="blend", max_new_tokens=12)
+        expected = engine.generate(keep).token_ids
+        stop = threading.Event()
+        long = GenerateRequest(question="Write a long essay about Zorblat.", chunks=CHUNKS, mode="blend",
+                               max_new_tokens=400)
+        outcome: dict = {}
+
+        def cancelled_one() -> None:
+            pieces = 0
+            try:
+                for _ in engine.generate_stream(long, should_stop=stop.is_set):
+                    pieces += 1
+                    if pieces == 3:
+                        stop.set()
+            except Cancelled:
+                outcome["cancelled_after"] = pieces
+
+        t = threading.Thread(target=cancelled_one)
+        t.start()
+        assert engine.generate(keep).token_ids == expected
+        t.join(120)
+        assert 3 <= outcome["cancelled_after"] < 400
+        assert engine.scheduler.running == [] and not engine.scheduler.waiting
+    finally:
+        engine.close()
+
+
+def test_token_budget_admits_one_at_a_time_and_a_full_queue_refuses(runner, tmp_path):
+    reqs = [GenerateRequest(question=f"Question {i}: who founded Lindorf?", chunks=CHUNKS, mode="reuse",
+                            max_new_tokens=6) for i in range(3)]
+    for budget, batched in ((50, False), (None, True)):  # 50: below one request's KV tokens
+        engine = _engine(runner, tmp_path, max_batch=3, max_batch_tokens=budget)
+        try:
+            steps = engine.scheduler.stats.decode_steps
+            alone = [engine.generate(r).token_ids for r in reqs]
+            steps_alone, steps = engine.scheduler.stats.decode_steps - steps, engine.scheduler.stats.decode_steps
+            results = _concurrently(engine, reqs)
+            assert [r.token_ids for r in results] == alone
+            steps_together = engine.scheduler.stats.decode_steps - steps
+            # the budget holds them to one at a time (as many steps as alone); without it they share steps
+            assert (steps_together < steps_alone) == batched, (budget, steps_together, steps_alone)
+        finally:
+            engine.close()
+    engine = _engine(runner, tmp_path, max_batch=1, max_waiting=0)
+    try:
+        results = _concurrently(engine, [GenerateRequest(question="Write a long story.", chunks=CHUNKS[:1],
+                                                         mode="full", max_new_tokens=40)] * 3)
+        refused = [r for r in results if isinstance(r, ResourceExhausted)]
+        assert refused and "queue is full" in str(refused[0])
+        assert any(not isinstance(r, Exception) for r in results)
+    finally:
+        engine.close()
+
+
+def test_bad_batch_settings_name_the_flag():
+    for kwargs, flag in (({"max_batch": 0}, "--max-batch"), ({"max_batch_tokens": 0}, "--max-batch-tokens"),
+                         ({"decode_kernel": "int3"}, "--decode-kernel")):
+        with pytest.raises(ValueError, match=flag):
+            BatchConfig(**kwargs)
