@@ -154,17 +154,16 @@ class Engine:
             if cached:
                 if pin:
                     self.store.pin(address)
-            else:
-                with self._compute_lock:
-                    self._load_or_compute(self.store, token_ids, block_namespace, pin=pin, compression=compression)
+            else:  # on the scheduler's thread, between two steps: all model work runs there
+                self.scheduler.call(lambda ids=token_ids: self._load_or_compute(
+                    self.store, ids, block_namespace, pin=pin, compression=compression))
                 self.counters.ingested += 1
             refs.append(ChunkRef(id=address, num_tokens=len(token_ids), cached=cached))
         return refs
 
     def compute_block(self, token_ids: list[int]) -> bytes:
-        """One chunk's block bytes, computed in this process under the compute lock (not stored)."""
-        with self._compute_lock:
-            return self.store.encode(self.runner.chunk_kv(token_ids))
+        """One chunk's block bytes, computed in this process on the scheduler's thread (not stored)."""
+        return self.scheduler.call(lambda: self.store.encode(self.runner.chunk_kv(token_ids)))
 
     def _resolve_chunk(self, chunk: str, index: int, namespace: str) -> tuple[list[int], dict | None]:
         """-> (token ids, the compression the stored chunk was ingested with, or None)."""

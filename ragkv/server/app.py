@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -95,6 +96,11 @@ def serve(config: ServeConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     engine = build_engine(config)
+    scheduler = getattr(engine, "scheduler", None)  # in process: the batch runs on this, the main thread
+    if scheduler is not None:
+        scheduler.claim()  # before the first request can start a thread of its own
+    gc.collect()
+    gc.freeze()  # the model's hundreds of thousands of objects: never scanned again by the collector
     try:
         running = start_server(config, engine)
         if config.metrics_port is not None:
@@ -115,7 +121,6 @@ def serve(config: ServeConfig) -> int:
             drained.set()
 
         threading.Thread(target=drain_on_stop, name="ragkv-drain", daemon=True).start()
-        scheduler = getattr(engine, "scheduler", None)  # in process: the batch runs on this, the main thread
         if scheduler is not None:
             scheduler.run(until=drained)
         else:
@@ -123,5 +128,6 @@ def serve(config: ServeConfig) -> int:
                 pass
         log.info("stopped")
     finally:
+        gc.unfreeze()  # let the interpreter tear the model down normally
         engine.close()
     return 0

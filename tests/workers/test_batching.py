@@ -234,3 +234,34 @@ def test_bad_batch_settings_name_the_flag():
                          ({"decode_kernel": "int3"}, "--decode-kernel")):
         with pytest.raises(ValueError, match=flag):
             BatchConfig(**kwargs)
+
+
+def test_all_model_work_runs_on_the_scheduler_thread(runner, tmp_path):
+    """Ingest's chunk compute goes through Scheduler.call: one thread owns torch's OpenMP pool."""
+    from workers.batching.scheduler import Scheduler
+
+    scheduler = Scheduler(BatchConfig(), threading.RLock(), prefill=lambda seq: None, decode=lambda seqs: None)
+    try:
+        assert scheduler.call(lambda: threading.current_thread().name) == "ragkv-scheduler"
+        with pytest.raises(ZeroDivisionError):
+            scheduler.call(lambda: 1 / 0)  # the caller gets the error, the loop goes on
+        assert scheduler.call(lambda: 2 + 2) == 4
+    finally:
+        scheduler.close()
+    driven = Scheduler(BatchConfig(), threading.RLock(), prefill=lambda seq: None, decode=lambda seqs: None)
+    until, seen = threading.Event(), []
+
+    def caller() -> None:
+        seen.append(driven.call(threading.current_thread))
+        until.set()
+
+    assert driven.claim()  # before any call can start a thread of its own
+    threading.Thread(target=caller).start()
+    driven.run(until)  # this thread drives the loop (as `ragkv serve`'s main thread does)
+    assert seen == [threading.current_thread()]
+    engine = _engine(runner, tmp_path)
+    try:
+        engine.ingest(CHUNKS[:1])
+        assert engine.stats().batch.steps >= 1  # the compute was a task of the scheduler's loop
+    finally:
+        engine.close()

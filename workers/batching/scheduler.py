@@ -13,10 +13,12 @@ the sequence's cache and first logits, `decode(seqs)` advances them all by one t
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
@@ -65,6 +67,9 @@ class Scheduler:
         self._closed = False
         self._driver: str | None = None  # "thread" (started at the first submit) or "caller" (run())
         self._thread: threading.Thread | None = None
+        self._driver_thread: threading.Thread | None = None  # the one thread that runs model work
+        self.tasks: deque[tuple[Callable[[], object], Future]] = deque()  # call(): work between steps
+        self._collected_at = 0  # stats.steps at the last idle garbage collection
 
     # -- callers --------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -75,22 +80,49 @@ class Scheduler:
                 raise ResourceExhausted(f"scheduler queue is full ({len(self.waiting)} waiting); retry later")
             seq.arrived = time.perf_counter()
             self.waiting.append(seq)
-            if self._driver is None:  # nobody drives the loop yet: a thread of its own does
-                self._driver = "thread"
-                self._thread = threading.Thread(target=self._loop, name="ragkv-scheduler", daemon=True)
-                self._thread.start()
+            self._ensure_driver()
             self._wake.notify()
+
+    def call(self, fn: Callable[[], object]) -> object:
+        """Run `fn` on the scheduler's thread between two steps and return its result (or raise its error).
+
+        All model work runs on that one thread (ingest's chunk compute too): torch's OpenMP pool
+        throttles its spin-waiting once a second thread owns a team of its own, and a decode step
+        then takes twice as long (measured: README "Serving performance")."""
+        if threading.current_thread() is self._driver_thread:
+            return fn()
+        done = Future()
+        with self._wake:
+            if self._closed:
+                raise Cancelled("the engine is shutting down")
+            self.tasks.append((fn, done))
+            self._ensure_driver()
+            self._wake.notify()
+        return done.result()
+
+    def _ensure_driver(self) -> None:
+        """Under _wake: nobody drives the loop yet, so a thread of its own does."""
+        if self._driver is None:
+            self._driver = "thread"
+            self._thread = threading.Thread(target=self._loop, name="ragkv-scheduler", daemon=True)
+            self._driver_thread = self._thread
+            self._thread.start()
+
+    def claim(self) -> bool:
+        """Make the calling thread the one that will drive the loop (run()); False if a thread already does."""
+        with self._wake:
+            if self._driver is None:
+                self._driver, self._driver_thread = "caller", threading.current_thread()
+            return self._driver_thread is threading.current_thread()
 
     def run(self, until: threading.Event) -> None:
         """Drive the loop on the calling thread until `until` is set and the batch is empty.
 
-        `ragkv serve` runs it on the process's main thread: torch's OpenMP pool runs a decode step
-        about twice as fast there as on a second thread (measured: README "Serving performance")."""
-        with self._wake:
-            if self._driver is None:
-                self._driver = "caller"
-        if self._driver != "caller":  # a thread already drives it (a request came first)
-            until.wait()
+        `ragkv serve` claims the process's main thread before it listens and runs the loop there:
+        torch's OpenMP pool runs a decode step about twice as fast there as on a second thread."""
+        if not self.claim():  # a thread of its own already drives it
+            while not until.wait(IDLE_WAIT_S):
+                pass
             return
         self._loop(until)
 
@@ -105,10 +137,15 @@ class Scheduler:
     # -- the loop ---------------------------------------------------------------------
     def _loop(self, until: threading.Event | None = None) -> None:
         while True:
+            if not (self.waiting or self.running or self.tasks) and self.stats.steps != self._collected_at:
+                # idle after work: collect the cycles a burst of requests left, off the hot path (with
+                # them around, Python's collector ran during decode steps and slowed them by ~15%)
+                gc.collect()
+                self._collected_at = self.stats.steps
             with self._wake:
-                while not self.waiting and not self.running and not self._closed and not (until and until.is_set()):
+                while not (self.waiting or self.running or self.tasks or self._closed or (until and until.is_set())):
                     self._wake.wait(IDLE_WAIT_S)
-                if (self._closed or (until is not None and until.is_set())) and not self.running:
+                if (self._closed or (until is not None and until.is_set())) and not self.running and not self.tasks:
                     if self._closed:
                         for seq in self.waiting:
                             seq.finish(Cancelled("the engine is shutting down"))
@@ -118,8 +155,10 @@ class Scheduler:
             self.step()
 
     def step(self) -> None:
-        """Admit at most one waiting request (its prefill), then decode every running request one token."""
+        """Run the queued calls, admit at most one waiting request (its prefill), then decode every
+        running request one token."""
         self.stats.steps += 1
+        self._run_tasks()
         seq = self._admit()
         if seq is not None:
             self._run_prefill(seq)
@@ -127,6 +166,18 @@ class Scheduler:
         if self.running:
             self._run_decode()
         self.stats.waiting, self.stats.running = len(self.waiting), len(self.running)
+
+    def _run_tasks(self) -> None:
+        while True:
+            with self._wake:
+                if not self.tasks:
+                    return
+                fn, done = self.tasks.popleft()
+            try:
+                with self.lock:
+                    done.set_result(fn())
+            except BaseException as exc:  # the caller's error, raised in the caller's thread
+                done.set_exception(exc)
 
     def _admit(self) -> Sequence | None:
         with self._wake:

@@ -9,10 +9,9 @@ and a row's arithmetic is the same in a batch of 16 as alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from kvstore.rope import rope_cos_sin
 from workers.batching.linear import DECODE_KERNELS, DecodeLinear
@@ -20,12 +19,38 @@ from workers.cache import KVCache
 
 
 @dataclass
+class Norm:
+    """An RMSNorm's weight and epsilon (the module itself when it is not a plain LlamaRMSNorm)."""
+
+    weight: torch.Tensor
+    eps: float | None
+    module: torch.nn.Module
+
+    @classmethod
+    def of(cls, module: torch.nn.Module) -> "Norm":
+        return cls(module.weight, getattr(module, "variance_epsilon", None), module)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, hidden]: LlamaRMSNorm's arithmetic in fewer ops."""
+        if self.eps is None or x.dtype != torch.float32:
+            return self.module(x)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+@dataclass
 class DecodeLayer:
+    """One decoder layer as the decode step uses it: its kernels and what it reads from the modules."""
+
     qkv: DecodeLinear  # hidden -> [q | k | v]
     qkv_bias: torch.Tensor | None  # Qwen2
     o: DecodeLinear
     gate_up: DecodeLinear  # hidden -> [gate | up]
     down: DecodeLinear
+    input_norm: Norm
+    post_norm: Norm
+    scaling: float
+    act: Callable[[torch.Tensor], torch.Tensor]
+    qk_norms: tuple | None  # Qwen3: per-head norms of q and k before RoPE
 
 
 @dataclass
@@ -35,6 +60,7 @@ class DecodeWeights:
     kernel: str
     layers: list[DecodeLayer]
     lm_head: DecodeLinear
+    final_norm: Norm
     intermediate: int  # MLP width: gate_up's first half is the gate
 
     def kernels_used(self) -> dict[str, int]:
@@ -54,10 +80,12 @@ def build_decode_weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
         bias = None
         if attn.q_proj.bias is not None:
             bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach().float()
+        norms = (attn.q_norm, attn.k_norm) if getattr(attn, "q_norm", None) is not None else None
         layers.append(DecodeLayer(make(qkv, pad_rows), bias, make(attn.o_proj.weight, pad_rows),
                                   make(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), pad_rows),
-                                  make(mlp.down_proj.weight, pad_rows)))
-    return DecodeWeights(kernel, layers, make(runner.model.lm_head.weight, pad_rows),
+                                  make(mlp.down_proj.weight, pad_rows), Norm.of(block.input_layernorm),
+                                  Norm.of(block.post_attention_layernorm), attn.scaling, mlp.act_fn, norms))
+    return DecodeWeights(kernel, layers, make(runner.model.lm_head.weight, pad_rows), Norm.of(runner.model.model.norm),
                          runner.layers[0].mlp.gate_proj.weight.shape[0])
 
 
@@ -74,29 +102,30 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
     row_pos = [pos[b:b + 1] for b in range(rows)]
     hidden = runner.embed(torch.tensor(list(token_ids), device=device))  # [B, hidden]
     rotation = rope_matrix(pos, runner.inv_freq.to(device), runner.rope_scale).to(hidden.dtype)  # [B, D, D]
-    qk_width = (heads + kv_heads) * head_dim
+    qk_width, half = (heads + kv_heads) * head_dim, weights.intermediate
+    layer_caches = [cache.layers for cache in caches]
     for index, layer in enumerate(weights.layers):
-        block, attn = runner.layers[index], runner.layers[index].self_attn
-        qkv = layer.qkv(rms_norm(block.input_layernorm, hidden)).float().to(hidden.dtype)  # [B, (Hq + 2 Hkv) * D]
+        qkv = layer.qkv(layer.input_norm(hidden)).float().to(hidden.dtype)  # [B, (Hq + 2 Hkv) * D]
         if layer.qkv_bias is not None:
             qkv = qkv + layer.qkv_bias
         qk = qkv[:, :qk_width].view(rows, heads + kv_heads, head_dim)  # [B, Hq + Hkv, D]
         v = qkv[:, qk_width:].view(rows, kv_heads, 1, head_dim)  # [B, Hkv, 1, D]
-        if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head norms before RoPE
-            qk = torch.cat([attn.q_norm(qk[:, :heads]), attn.k_norm(qk[:, heads:])], dim=1)
+        if layer.qk_norms is not None:
+            qk = torch.cat([layer.qk_norms[0](qk[:, :heads]), layer.qk_norms[1](qk[:, heads:])], dim=1)
         qk = torch.bmm(qk, rotation)  # row b rotated at positions[b]
         q, k = qk[:, :heads], qk[:, heads:, None]  # [B, Hq, D], [B, Hkv, 1, D]
+        scaled = q * layer.scaling
         outs = []
         for b in range(rows):
-            kv = caches[b].update(index, k[b], v[b], row_pos[b])
+            kv = layer_caches[b][index]
+            kv.append(k[b], v[b], row_pos[b])
             if observers[b] is not None:
                 observers[b](index, q[b][:, None], row_pos[b], kv)
-            outs.append(attend_newest(q[b], kv.keys, kv.values, attn.scaling, kv.head_mask))
+            outs.append(attend_newest(scaled[b], kv.keys, kv.values, kv.head_mask))
         hidden.add_(layer.o(torch.stack(outs) if rows > 1 else outs[0][None]))
-        gate_up = layer.gate_up(rms_norm(block.post_attention_layernorm, hidden))  # [B, 2 I]
-        gate, up = gate_up[:, :weights.intermediate], gate_up[:, weights.intermediate:]
-        hidden.add_(layer.down(block.mlp.act_fn(gate.float()) * up))
-    return weights.lm_head(rms_norm(runner.model.model.norm, hidden)).float()
+        gate_up = layer.gate_up(layer.post_norm(hidden))  # [B, 2 I]
+        hidden.add_(layer.down(layer.act(gate_up[:, :half].float()) * gate_up[:, half:]))
+    return weights.lm_head(weights.final_norm(hidden)).float()
 
 
 def rope_matrix(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -115,23 +144,14 @@ def rope_matrix(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 
     return rotation
 
 
-def rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's RMSNorm module as one fused op (x: [B, hidden])."""
-    eps = getattr(norm, "variance_epsilon", None)
-    if eps is None or x.dtype != torch.float32:
-        return norm(x)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm.weight  # LlamaRMSNorm, in fewer ops
-
-
-def attend_newest(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+def attend_newest(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   head_mask: torch.Tensor | None) -> torch.Tensor:
-    """The newest token's attention: q [Hq, D] over keys/values [Hkv, T, D] -> [Hq * D].
+    """The newest token's attention: q [Hq, D] (already scaled) over keys/values [Hkv, T, D] -> [Hq * D].
 
     It sees every cached token (all are at earlier positions), so only per-head eviction masks.
     Two small matmuls per GQA group: at one query row this beats the fused SDPA kernel."""
     kv_heads, num_tokens, head_dim = keys.shape
-    q = (q * scale).reshape(kv_heads, -1, head_dim)  # [Hkv, G, D]: query heads of one group share a KV head
-    scores = torch.matmul(q, keys.transpose(1, 2))  # [Hkv, G, T]
+    scores = torch.matmul(q.reshape(kv_heads, -1, head_dim), keys.transpose(1, 2))  # [Hkv, G, T]
     if head_mask is not None:  # [Hkv, T]
         scores = scores.masked_fill(~head_mask[:, None, :], float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
