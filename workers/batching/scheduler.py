@@ -152,7 +152,13 @@ class Scheduler:
                         self.waiting.clear()
                     if self._closed or not self.waiting:
                         return
-            self.step()
+            try:
+                self.step()
+            except Exception as exc:  # a bug in a step must not leave callers waiting forever
+                log.exception("scheduler step failed; failing the %d running requests", len(self.running))
+                for seq in self.running:
+                    seq.finish(exc)
+                self.running = []
 
     def step(self) -> None:
         """Run the queued calls, admit at most one waiting request (its prefill), then decode every
