@@ -6,7 +6,6 @@ It only orchestrates; the math lives in blend.py, rope.py, eviction/ and the run
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -85,13 +84,12 @@ class Engine:
         # same backend, own codec: the codec is part of the address, so the two never collide
         self.prefix_store = BlockStore(backend, PREFIX_CODEC, self.runner.fingerprint)
         self.blend_setting = blend_setting(config, self.runner)  # (config, "calibrated" | "default")
-        self._compute_lock = threading.RLock()  # one forward pass at a time: torch already uses every core
         self._prefix_cache: OrderedDict[str, ChunkKV] = OrderedDict()
         self.counters = EngineCounters()
         self.chunk_compute = chunk_compute
         self.decode_weights = self.runner.decode_weights(config.batch.decode_kernel, config.batch.max_batch)
-        # continuous batching: the scheduler's thread runs every prefill and decode step
-        self.scheduler = Scheduler(config.batch, self._compute_lock, self._start_sequence, self._decode_sequences)
+        # continuous batching: the scheduler's one thread runs all model work (prefill, decode, ingest compute)
+        self.scheduler = Scheduler(config.batch, self._start_sequence, self._decode_sequences)
 
     # -- chunks ---------------------------------------------------------------
     def tokenize_chunk(self, text: str, field_name: str) -> list[int]:
@@ -105,7 +103,7 @@ class Engine:
 
     def _load_or_compute(self, store, token_ids: list[int], namespace: str, pin: bool = False,
                          compression: CompressionSpec | None = None) -> tuple[ChunkKV, bool]:
-        """(kv, was_hit); the caller holds the compute lock. A store fault is a miss: compute, store if it takes it.
+        """(kv, was_hit); runs on the scheduler's thread. A store fault is a miss: compute, store if it takes it.
 
         `compression`: the chunk is stored compressed to that spec (its namespace must be chunk_namespace's)."""
         address = store.address_for(token_ids, namespace)
@@ -251,7 +249,7 @@ class Engine:
                              total_s=time.perf_counter() - start, stats=stats)
 
     def _start_sequence(self, seq: Sequence) -> None:
-        """The scheduler's prefill (under the compute lock): fill the cache by the request's mode,
+        """The scheduler's prefill (on its thread): fill the cache by the request's mode,
         compress it, and leave the first token's logits."""
         request, layout = seq.request, seq.context["layout"]
         compressor = self._make_compressor(request, layout)

@@ -42,6 +42,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def run_clients(client_loop, clients: int) -> float:
+    """Run client_loop(0..clients-1) on a thread each, all at once -> wall seconds until the last ends."""
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client_loop, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
 def _peak_rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -147,13 +158,7 @@ def _drive(target, pid, chunks, n_requests, clients, memory_budget, max_new_toke
 
     watcher = threading.Thread(target=watch_tier, daemon=True)
     watcher.start()
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client_loop, args=(c,), daemon=True) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - started
+    wall = run_clients(client_loop, clients)
     done.set()
     watcher.join(60)
 

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from ragkv.bench.load import ServerProcess, corpus, percentile
+from ragkv.bench.load import ServerProcess, corpus, percentile, run_clients
 
 CLIENT_COUNTS = (1, 4, 8, 16)
 CHUNKS_PER_REQUEST = 4
@@ -65,13 +65,7 @@ def send_all(target: str, requests: list[dict], clients: int, progress=None) -> 
                 if progress is not None:
                     progress.update(1)
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client_loop, args=(c,), daemon=True) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - started
+    wall = run_clients(client_loop, clients)
     generated = sum(len(t) for t in tokens if t is not None)
     return {"figures": {"req_per_s": round(len(ttfts) / wall, 3), "tokens_per_s": round(generated / wall, 2),
                         "ttft_p50_s": round(percentile(ttfts, 0.5), 4), "ttft_p99_s": round(percentile(ttfts, 0.99), 4),

@@ -127,20 +127,15 @@ class BatchCollector(Collector):
 
     @staticmethod
     def _families(batch: BatchStats | None = None) -> Iterator:
-        gauges = {"batch_size": ("ragkv_batch_size", "requests in the last batched decode step"),
-                  "running": ("ragkv_batch_running", "requests in the running batch"),
-                  "waiting": ("ragkv_scheduler_waiting", "requests waiting for a place in the batch"),
-                  "step_s": ("ragkv_decode_step_seconds", "duration of the last batched decode step")}
-        counters = {"decode_steps": ("ragkv_decode_steps", "batched decode steps"),
-                    "tokens": ("ragkv_decode_tokens", "tokens produced by batched decode steps"),
-                    "prefills": ("ragkv_prefills", "prefills run by the scheduler")}
-        for field_name, (name, doc) in gauges.items():
-            family = GaugeMetricFamily(name, doc)
-            if batch is not None:
-                family.add_metric([], float(getattr(batch, field_name)))
-            yield family
-        for field_name, (name, doc) in counters.items():
-            family = CounterMetricFamily(name, doc)
+        families = {"batch_size": (GaugeMetricFamily, "ragkv_batch_size", "requests in the last batched decode step"),
+                    "running": (GaugeMetricFamily, "ragkv_batch_running", "requests in the running batch"),
+                    "waiting": (GaugeMetricFamily, "ragkv_scheduler_waiting", "requests waiting for a place in the batch"),
+                    "step_s": (GaugeMetricFamily, "ragkv_decode_step_seconds", "duration of the last batched decode step"),
+                    "decode_steps": (CounterMetricFamily, "ragkv_decode_steps", "batched decode steps"),
+                    "tokens": (CounterMetricFamily, "ragkv_decode_tokens", "tokens produced by batched decode steps"),
+                    "prefills": (CounterMetricFamily, "ragkv_prefills", "prefills run by the scheduler")}
+        for field_name, (kind, name, doc) in families.items():
+            family = kind(name, doc)
             if batch is not None:
                 family.add_metric([], float(getattr(batch, field_name)))
             yield family

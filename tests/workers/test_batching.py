@@ -240,7 +240,7 @@ def test_all_model_work_runs_on_the_scheduler_thread(runner, tmp_path):
     """Ingest's chunk compute goes through Scheduler.call: one thread owns torch's OpenMP pool."""
     from workers.batching.scheduler import Scheduler
 
-    scheduler = Scheduler(BatchConfig(), threading.RLock(), prefill=lambda seq: None, decode=lambda seqs: None)
+    scheduler = Scheduler(BatchConfig(), prefill=lambda seq: None, decode=lambda seqs: None)
     try:
         assert scheduler.call(lambda: threading.current_thread().name) == "ragkv-scheduler"
         with pytest.raises(ZeroDivisionError):
@@ -248,7 +248,7 @@ def test_all_model_work_runs_on_the_scheduler_thread(runner, tmp_path):
         assert scheduler.call(lambda: 2 + 2) == 4
     finally:
         scheduler.close()
-    driven = Scheduler(BatchConfig(), threading.RLock(), prefill=lambda seq: None, decode=lambda seqs: None)
+    driven = Scheduler(BatchConfig(), prefill=lambda seq: None, decode=lambda seqs: None)
     until, seen = threading.Event(), []
 
     def caller() -> None:

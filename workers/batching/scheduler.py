@@ -6,8 +6,8 @@
 New requests join between steps; a finished, cancelled or failed request leaves at the next one.
 Waiting is first come, first served, and every step decodes every running request, so no request
 starves: a prefill delays the batch by one prefill, and a request waits for at most the ones ahead.
-The model work of a step runs under the engine's compute lock, so ingest and admin calls slot in
-between steps. The scheduler knows nothing of modes or stores: `prefill(seq)` (the engine's) fills
+All model work runs on the one thread that drives the loop: ingest's chunk compute comes in through
+`call()` and runs between two steps, so no lock is needed. The scheduler knows nothing of modes or stores: `prefill(seq)` (the engine's) fills
 the sequence's cache and first logits, `decode(seqs)` advances them all by one token.
 """
 
@@ -54,10 +54,9 @@ class BatchConfig:
 
 
 class Scheduler:
-    def __init__(self, config: BatchConfig, lock: threading.RLock, prefill: Callable[[Sequence], None],
+    def __init__(self, config: BatchConfig, prefill: Callable[[Sequence], None],
                  decode: Callable[[list[Sequence]], None]):
         self.config = config
-        self.lock = lock
         self.prefill = prefill
         self.decode = decode
         self.waiting: deque[Sequence] = deque()
@@ -180,8 +179,7 @@ class Scheduler:
                     return
                 fn, done = self.tasks.popleft()
             try:
-                with self.lock:
-                    done.set_result(fn())
+                done.set_result(fn())
             except BaseException as exc:  # the caller's error, raised in the caller's thread
                 done.set_exception(exc)
 
@@ -200,8 +198,7 @@ class Scheduler:
 
     def _run_prefill(self, seq: Sequence) -> None:
         try:
-            with self.lock:
-                self.prefill(seq)
+            self.prefill(seq)
         except BaseException as exc:  # the request's own error (NotFound, InvalidArgument, ...) goes to its caller
             seq.finish(exc if isinstance(exc, Exception) else Cancelled(str(exc)))
             return
@@ -231,8 +228,7 @@ class Scheduler:
         start = time.perf_counter()
         batch = list(self.running)
         try:
-            with self.lock:
-                self.decode(batch)
+            self.decode(batch)
         except Exception as exc:  # a failed step fails its batch, not the server
             log.exception("decode step failed for %d requests", len(batch))
             for seq in batch:
