@@ -112,3 +112,18 @@ def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
         assert data["agreement_vs_full"]["full"] == 1.0 and data["agreement_vs_full"]["blend@1.0"] == 1.0
     assert any(p.endswith(".png") and Path(p).stat().st_size > 0 for p in result["plots"])
     assert "## single_needle" in (tmp_path / "q.md").read_text()
+
+
+def test_near_duplicate_chunks_overlap_and_hold_one_code(both_splits):
+    for p in (p for p in both_splits["dev"] if p.family == "near_duplicate"):
+        holders = [i for i, c in enumerate(p.chunks) if answer_found(p.answers[0], c)]
+        assert 1 <= len(holders) <= 2 and holders == list(range(holders[0], holders[0] + len(holders)))
+        for a, b in zip(p.chunks, p.chunks[1:]):  # chunk i's second half opens chunk i+1
+            assert a[len(a) // 2 + 40:] in b, p.index
+
+
+def test_lead_in_configs_parse():
+    lead = parse_config("blend+lead:legolink@0.15")
+    assert lead.lead and lead.method == "legolink" and lead.blend_config().recompute_ratio == 0.15
+    assert parse_config("reuse+lead").lead and parse_config("reuse+lead").reuse
+    assert not parse_config("blend@0.15").lead

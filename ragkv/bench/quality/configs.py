@@ -6,6 +6,7 @@ A config name reads `KIND[:ARG][@NUMBER][:FLAG]`:
                                                                     or default; @R keeps its method)
     codec:NAME              codec only: the exact full-prefill KV stored through NAME, question recomputed
     blend+codec:NAME[@R]    blend over chunks stored through NAME
+    blend+lead[:METHOD][@R] | reuse+lead   chunks computed after the fixed lead-in (workers/chunk_lead.py)
     reuse+codec:NAME        reuse over chunks stored through NAME
     policy:NAME@BUDGET[:noprot]   eviction after the full prefill, protection on unless :noprot
     ingest:NAME@BUDGET[:reuse]    chunks compressed at ingest (query-agnostic NAME, e.g. kvzip), stored
@@ -97,6 +98,7 @@ class Blend(ConfigKind):
     method: str | None = None  # None: BlendConfig's default selection method
     ratio: float | None = None  # None: BlendConfig's default ratio
     reuse: bool = False
+    lead: bool = False  # chunks computed after the fixed lead-in (workers/chunk_lead.py)
 
     @classmethod
     def parse(cls, name, arg, number, flag):
@@ -116,7 +118,7 @@ class Blend(ConfigKind):
         return config
 
     def chunks(self, ctx):
-        return ctx.stored_chunks(self.codec or ctx.codec)
+        return ctx.stored_chunks(self.codec or ctx.codec, lead=self.lead)
 
     def prepare(self, ctx) -> Prepared:
         cache, computed = fuse_chunks(ctx.runner, ctx.layout, ctx.prefix_kv(), self.chunks(ctx))
@@ -136,6 +138,21 @@ class Reuse(Blend):
     def parse(cls, name, arg, number, flag):
         _no_argument(name, arg, number, flag)
         return cls(name, reuse=True)
+
+
+@config_kind("blend+lead")
+class BlendLead(Blend):
+    @classmethod
+    def parse(cls, name, arg, number, flag):
+        return replace(Blend.parse.__func__(cls, name, arg, number, flag), lead=True)
+
+
+@config_kind("reuse+lead")
+class ReuseLead(Blend):
+    @classmethod
+    def parse(cls, name, arg, number, flag):
+        _no_argument(name, arg, number, flag)
+        return cls(name, reuse=True, lead=True)
 
 
 @config_kind("blend+codec")

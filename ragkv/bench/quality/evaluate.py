@@ -28,6 +28,7 @@ from ragkv.bench.quality.configs import ConfigKind, Eviction, Prepared
 from ragkv.bench.quality.families import QualityPrompt
 from workers.blend import BlendConfig
 from workers.cache import KVCache
+from workers.chunk_lead import chunk_kv_after, lead_in_ids
 from workers.engine import PREFIX_CODEC
 from workers.generate import SamplingParams, decode
 from workers.prompt import PromptLayout, build_prompt
@@ -53,7 +54,7 @@ class PromptContext:
     configs: list[ConfigKind]
     default_blend: BlendConfig | None = None  # what `blend` runs: the engine's setting for this model and codec
     _stores: dict[str, BlockStore] = field(default_factory=dict)
-    _stored: dict[str, list[ChunkKV]] = field(default_factory=dict)
+    _stored: dict[object, list[ChunkKV]] = field(default_factory=dict)
     _in_context: dict[str, list[ChunkKV]] = field(default_factory=dict)
     _compressors: dict[str, object] = field(default_factory=dict)
 
@@ -108,11 +109,18 @@ class PromptContext:
         ids = self.layout.token_ids
         return [self.runner.chunk_kv(ids[start:end]) for start, end in self.layout.chunk_spans]
 
-    def stored_chunks(self, codec: str) -> list[ChunkKV]:
-        """The chunks as a store hit through `codec` decodes them."""
-        if codec not in self._stored:
-            self._stored[codec] = [self.store(codec).as_stored(kv)[1] for kv in self.exact_chunks]
-        return self._stored[codec]
+    @cached_property
+    def lead_chunks(self) -> list[ChunkKV]:
+        """Each chunk's KV computed after the fixed lead-in (workers/chunk_lead.py), lead-in dropped."""
+        ids, lead = self.layout.token_ids, lead_in_ids(self.runner)
+        return [chunk_kv_after(self.runner, ids[start:end], lead) for start, end in self.layout.chunk_spans]
+
+    def stored_chunks(self, codec: str, lead: bool = False) -> list[ChunkKV]:
+        """The chunks as a store hit through `codec` decodes them (`lead`: computed after the lead-in)."""
+        if (codec, lead) not in self._stored:
+            chunks = self.lead_chunks if lead else self.exact_chunks
+            self._stored[codec, lead] = [self.store(codec).as_stored(kv)[1] for kv in chunks]
+        return self._stored[codec, lead]
 
     def in_context_chunks(self, codec: str) -> list[ChunkKV]:
         """Each chunk's span of the full prefill's KV (its real context), moved to positions 0.. and stored

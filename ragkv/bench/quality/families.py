@@ -183,21 +183,20 @@ def multi_query(d: Draw) -> Task:
     return Task(d.chunks(facts), question, tuple(codes), max_new_tokens=40)
 
 
-@family("near_duplicate", "overlapping retrieved passages: chunks repeat half of their neighbour's sentences",
-        min_chunks=2)
+@family("near_duplicate", "overlapping retrieved passages: each chunk repeats half of its neighbour's text; "
+        "one code, in two chunks", min_chunks=2)
 def near_duplicate(d: Draw) -> Task:
-    kind = d.kind()
-    names = d.entities(d.num_chunks)
-    codes = [d.code() for _ in names]
-    # halves h_0..h_N, chunk i = h_i + h_{i+1}: entity i's fact (in h_i) is in chunks i-1 and i
+    kind, code = d.kind(), d.code()
+    names = d.entities(d.num_chunks + 1)
+    # halves h_0..h_N, chunk i = h_i + h_{i+1}: every half (so every fact) is in two chunks but the first
+    # and last; half `target` holds the code, the others facts about other entities that are not codes
     halves = []
     for i in range(d.num_chunks + 1):
-        facts = [_code_fact(d, names[i], kind, codes[i])] if i < d.num_chunks else []
+        fact = _code_fact(d, names[i], kind, code) if i == d.target else _side_fact(d, names[i], kind)
         depth = d.depth if i == d.target else d.rng.random()
-        halves.append(build_chunk(d.rng, d.pool, "prose", facts, depth, d.chunk_tokens // 2,
-                                  d.count_tokens))
+        halves.append(build_chunk(d.rng, d.pool, "prose", [fact], depth, d.chunk_tokens // 2, d.count_tokens))
     chunks = tuple(halves[i] + " " + halves[i + 1] for i in range(d.num_chunks))
-    return Task(chunks, _code_question(d, names[d.target], kind), (codes[d.target],))
+    return Task(chunks, _code_question(d, names[d.target], kind), (code,))
 
 
 @family("cross_chunk", "a fact split across a chunk boundary: entity ends one chunk, its code opens the next",
