@@ -15,12 +15,13 @@ from typing import Mapping
 
 from kvstore.codecs import CODECS
 from workers.batching.scheduler import BatchConfig
+from workers.chunk_forms import CHUNK_FORMS
 from workers.engine import EngineConfig
 from workers.paths import default_store_url
 
 MiB = 1 << 20
 # EngineConfig fields a flag or a RAGKV_* variable sets (the others are the engine's own business)
-ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes")
+ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes", "chunk_form")
 BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfig.batch (BatchConfig)
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
@@ -48,6 +49,9 @@ class ServeConfig:
             raise ValueError(f"--max-queue: must be >= 0, got {self.max_queue}")
         if self.engine.codec not in CODECS:
             raise ValueError(f"--codec: unknown codec {self.engine.codec!r}; known: {', '.join(sorted(CODECS))}")
+        if self.engine.chunk_form not in CHUNK_FORMS:
+            raise ValueError(f"--chunk-form: unknown chunk form {self.engine.chunk_form!r}; "
+                             f"known: {', '.join(CHUNK_FORMS)}")
         workers = self.engine.workers
         if not (workers in WORKERS_FORMS or workers.startswith("ray://")):
             raise ValueError(f"--workers must be inproc, ray, auto or ray://ADDRESS, got {workers!r}")

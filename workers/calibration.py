@@ -33,6 +33,7 @@ import torch
 
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
+from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
 from workers.generate import SamplingParams, decode
 from workers.prompt import build_prompt
 
@@ -110,13 +111,13 @@ def _truncate(cache: KVCache, length: int) -> None:
 class _Prepared:
     """One prompt made ready: layout, stored prefix and chunk KV, full prefill's greedy answer and logits."""
 
-    def __init__(self, runner, prompt: CalibrationPrompt, chunk_store, prefix_store, chunk_kv=None):
+    def __init__(self, runner, prompt: CalibrationPrompt, chunk_store, prefix_store,
+                 chunk_form: str = DEFAULT_CHUNK_FORM):
         self.prompt = prompt
-        chunk_kv = chunk_kv or runner.chunk_kv
         chunks = [runner.tokenize(c) for c in prompt.chunks]
         self.layout = build_prompt(runner.tokenizer, prompt.system_prompt, chunks, prompt.question)
         self.prefix = prefix_store.as_stored(runner.chunk_kv(self.layout.prefix_ids))[1]
-        self.kvs = [chunk_store.as_stored(chunk_kv(c))[1] for c in chunks]
+        self.kvs = [chunk_store.as_stored(compute_chunk(runner, c, chunk_form))[1] for c in chunks]
         n = self.layout.num_tokens
         ids = torch.tensor(self.layout.token_ids, device=runner.device)
         cache = KVCache.empty(runner.shape.num_layers)
@@ -159,11 +160,10 @@ def _score(rows: list[tuple[str, bool, bool, float, float]]) -> Score:
 
 @torch.inference_mode()
 def evaluate(runner, prompts: Sequence[CalibrationPrompt], configs: Sequence[BlendConfig], codec: str,
-             progress: Callable[[str], None] | None = None, chunk_kv=None) -> dict[str, Score]:
-    """Scores of `full`, `reuse` and every config (by `config_key`) on `prompts`, codec round trip included.
-
-    chunk_kv(token_ids) -> ChunkKV computes a chunk's stored KV (default `runner.chunk_kv`; the lead-in
-    experiment passes workers.chunk_lead's)."""
+             progress: Callable[[str], None] | None = None,
+             chunk_form: str = DEFAULT_CHUNK_FORM) -> dict[str, Score]:
+    """Scores of `full`, `reuse` and every config (by `config_key`) on `prompts`, codec round trip included;
+    chunks computed in `chunk_form` (workers/chunk_forms.py), as the engine stores them."""
     from kvstore.store import BlockStore
 
     chunk_store = BlockStore(None, codec, runner.fingerprint)
@@ -171,7 +171,7 @@ def evaluate(runner, prompts: Sequence[CalibrationPrompt], configs: Sequence[Ble
     names = ["full", "reuse"] + [config_key(c) for c in configs]
     rows: dict[str, list] = {name: [] for name in names}
     for i, prompt in enumerate(prompts):
-        prepared = _Prepared(runner, prompt, chunk_store, prefix_store, chunk_kv)
+        prepared = _Prepared(runner, prompt, chunk_store, prefix_store, chunk_form)
         full_text = runner.detokenize(prepared.full)
         rows["full"].append((prompt.family, prompt.correct(full_text), True, 1.0, 0.0))
         runs = [("reuse", BlendConfig(), True)] + [(config_key(c), c, False) for c in configs]
@@ -235,14 +235,17 @@ def _prompts_digest(prompts: Sequence[CalibrationPrompt]) -> str:
     return _digest([[p.family, p.system_prompt, list(p.chunks), p.question, p.max_new_tokens] for p in prompts])
 
 
-def load_calibration(runner, codec: str, path: Path | None = None) -> dict | None:
-    """The stored record for this model and codec, or None (absent, unreadable, other model)."""
+def load_calibration(runner, codec: str, path: Path | None = None,
+                     chunk_form: str = DEFAULT_CHUNK_FORM) -> dict | None:
+    """The stored record for this model, codec and chunk form, or None (absent, unreadable, other model)."""
     path = path or calibration_path(runner, codec)
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if record.get("version") != CALIBRATION_VERSION or record.get("fingerprint") != runner.fingerprint:
+        return None
+    if record.get("inputs", {}).get("chunk_form") != chunk_form:
         return None
     return record
 
@@ -253,17 +256,18 @@ def calibrated_config(record: dict) -> BlendConfig:
 
 def calibrate(runner, prompts: Sequence[CalibrationPrompt], codec: str, candidates: Sequence[BlendConfig] | None = None,
               target: Target = Target(), force: bool = False, split: str = "dev",
-              progress: Callable[[str], None] | None = None, path: Path | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, path: Path | None = None,
+              chunk_form: str = DEFAULT_CHUNK_FORM) -> dict:
     """Measure, choose and store (at `path`, default `calibration_path`); a stored record for the same
     inputs is returned as is unless `force`."""
     candidates = list(candidates or default_candidates())
     inputs = {"codec": codec, "target": asdict(target), "split": split, "prompts": _prompts_digest(prompts),
-              "candidates": _digest([asdict(c) for c in candidates])}
+              "candidates": _digest([asdict(c) for c in candidates]), "chunk_form": chunk_form}
     path = path or calibration_path(runner, codec)
-    stored = load_calibration(runner, codec, path)
+    stored = load_calibration(runner, codec, path, chunk_form)
     if stored is not None and stored.get("inputs") == inputs and not force:
         return {**stored, "reused": True}
-    scores = evaluate(runner, prompts, candidates, codec, progress=progress)
+    scores = evaluate(runner, prompts, candidates, codec, progress=progress, chunk_form=chunk_form)
     key, met = choose(scores, target)
     chosen = next(c for c in candidates if config_key(c) == key)
     full = scores["full"]

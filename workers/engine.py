@@ -24,6 +24,7 @@ from workers.batching.sequence import Sequence
 from workers.batching.step import decode_step
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
+from workers.chunk_forms import DEFAULT_CHUNK_FORM, chunk_fingerprint, compute_chunk
 from workers.errors import Cancelled, InvalidArgument, NotFound, Unavailable
 from workers.eviction.chunks import (check_ingest_spec, chunk_namespace, compact, compress_chunk, compression_json,
                                      spec_from_json)
@@ -55,6 +56,7 @@ class EngineConfig:
     store_budget_bytes: int | None = None
     workers: str = "inproc"
     blend: BlendConfig = field(default_factory=BlendConfig)
+    chunk_form: str = DEFAULT_CHUNK_FORM  # how a chunk's stored KV is computed (workers/chunk_forms.py)
     use_calibration: bool = True  # a stored calibration replaces `blend` for requests without a ratio
     batch: BatchConfig = field(default_factory=BatchConfig)  # continuous batching (workers/batching)
 
@@ -80,7 +82,9 @@ class Engine:
         self.runner = runner or ModelRunner.load(config.model, device=config.device)
         backend = open_store_backend(config)
         # decoded blocks land on the model's device: payload copied once, dequantized there (Triton on CUDA)
-        self.store = BlockStore(backend, config.codec, self.runner.fingerprint, device=self.runner.device)
+        # the chunk form is part of what a chunk block is addressed and verified by
+        fingerprint = chunk_fingerprint(self.runner.fingerprint, self.runner.tokenizer, config.chunk_form)
+        self.store = BlockStore(backend, config.codec, fingerprint, device=self.runner.device)
         # same backend, own codec: the codec is part of the address, so the two never collide
         self.prefix_store = BlockStore(backend, PREFIX_CODEC, self.runner.fingerprint)
         self.blend_setting = blend_setting(config, self.runner)  # (config, "calibrated" | "default")
@@ -117,7 +121,7 @@ class Engine:
             kv = store.get(address, token_ids)
             if kv is not None:
                 return kv, False
-        kv = self.runner.chunk_kv(token_ids)
+        kv = compute_chunk(self.runner, token_ids, self.config.chunk_form)
         if compression is not None:
             kv, _ = compress_chunk(self.runner, kv, compression)
         data, kv = store.as_stored(kv)
@@ -161,7 +165,8 @@ class Engine:
 
     def compute_block(self, token_ids: list[int]) -> bytes:
         """One chunk's block bytes, computed in this process on the scheduler's thread (not stored)."""
-        return self.scheduler.call(lambda: self.store.encode(self.runner.chunk_kv(token_ids)))
+        return self.scheduler.call(
+            lambda: self.store.encode(compute_chunk(self.runner, token_ids, self.config.chunk_form)))
 
     def _resolve_chunk(self, chunk: str, index: int, namespace: str) -> tuple[list[int], dict | None]:
         """-> (token ids, the compression the stored chunk was ingested with, or None)."""
@@ -357,7 +362,7 @@ class Engine:
         runner = self.runner
         model = ModelInfo(runner.loaded.source, runner.fingerprint, str(runner.device), str(runner.dtype))
         return EngineStats(replace(self.counters), self.store.stats(), model, self.config.codec,
-                           batch=replace(self.scheduler.stats))
+                           batch=replace(self.scheduler.stats), chunk_form=self.config.chunk_form)
 
     @property
     def max_batch(self) -> int:
@@ -374,5 +379,5 @@ def blend_setting(config: EngineConfig, runner: ModelRunner) -> tuple[BlendConfi
     (`ragkv calibrate`), else `config.blend`; a request's own ratio keeps the method."""
     from workers.calibration import calibrated_config, load_calibration
 
-    record = load_calibration(runner, config.codec) if config.use_calibration else None
+    record = load_calibration(runner, config.codec, chunk_form=config.chunk_form) if config.use_calibration else None
     return (config.blend, "default") if record is None else (calibrated_config(record), "calibrated")

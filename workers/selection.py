@@ -24,6 +24,7 @@ Methods:
   spurious attention sinks); k = `sink_tokens`, else the ratio share of each chunk;
 - `legolink-deviation`, `legolink-gradual`, `legolink-attention`: the first `sink_tokens` of every chunk,
   the rest of the budget by the inner method;
+- `chunks`: whole chunks, the ones the question attends to most (the `attention` probe), from layer 0;
 - `attention`: the chunk tokens the question attends to most, measured by a cheap
   probe pass of the always-computed tokens over the stored KV, then recomputed from
   layer 0 (question-guided selection, as in A3 / Cache-Craft's focus on attended tokens).
@@ -278,6 +279,39 @@ class QuestionAttention(Selection):
 
     def extra_token_layers(self, ctx):
         return 0 if ctx.budget == 0 else ctx.always.numel() * (self.probe_layers or ctx.runner.shape.num_layers)
+
+
+@selection("chunks")
+@dataclass(frozen=True)
+class AttendedChunks(Selection):
+    """Whole chunks, those the question attends to most (the probe of `attention`, each chunk's first
+    `sink_tokens` (default 4) left out of its score), recomputed from layer 0 until the budget is spent;
+    the last chunk taken is cut to its most attended tokens."""
+    probe_layers: int | None = None
+    sink_tokens: int | None = None
+
+    def start(self, ctx):
+        if ctx.budget == 0:
+            return ctx.always
+        attention = question_attention(ctx, self.probe_layers)
+        score = chunk_scores(ctx.layout, attention, 4 if self.sink_tokens is None else self.sink_tokens)
+        picked = select_tokens(score + attention / (attention.max() + 1e-9), ctx.candidates, ctx.budget)
+        return torch.sort(torch.cat([picked, ctx.always])).values
+
+    def extra_token_layers(self, ctx):
+        return 0 if ctx.budget == 0 else ctx.always.numel() * (self.probe_layers or ctx.runner.shape.num_layers)
+
+
+def chunk_scores(layout, attention: torch.Tensor, skip: int) -> torch.Tensor:
+    """-> [prompt_len]: each chunk token gets its chunk's rank (1 = least attended chunk, N = most), by the
+    attention [prompt_len] its tokens after the first `skip` receive; 0 outside chunks."""
+    mass = torch.stack([attention[start + min(skip, end - start - 1):end].sum() for start, end in layout.chunk_spans])
+    ranks = torch.empty_like(mass)
+    ranks[torch.argsort(mass)] = torch.arange(1, mass.numel() + 1, dtype=mass.dtype, device=mass.device)
+    score = torch.zeros_like(attention)
+    for (start, end), rank in zip(layout.chunk_spans, ranks):
+        score[start:end] = rank
+    return score
 
 
 selection("legolink-deviation")(WithSinks.wrapping(Deviation))

@@ -71,6 +71,7 @@ class EngineStats(StatsView):
     workers: PoolInfo | None = None  # RayEngine only
     worker: dict | None = None  # one Ray actor's own figures (ChunkWorker.stats): computed, stored, waited, ...
     batch: BatchStats | None = None  # continuous batching (summed over Ray actors)
+    chunk_form: str | None = None  # how chunk KV is computed (workers/chunk_forms.py)
 
     def as_dict(self) -> dict:
         out = {"engine": asdict(self.engine), "store": self.store.as_dict(), "model": asdict(self.model),
@@ -81,4 +82,6 @@ class EngineStats(StatsView):
             out["worker"] = self.worker
         if self.batch is not None:
             out["batch"] = asdict(self.batch)
+        if self.chunk_form is not None:
+            out["chunk_form"] = self.chunk_form
         return out

@@ -9,6 +9,7 @@ from kvstore.codecs import CODECS
 from ragkv.commands.errors import flag_error
 from ragkv.config import BATCH_FIELDS, ENGINE_FIELDS, MiB, ServeConfig
 from workers.batching.linear import DECODE_KERNELS
+from workers.chunk_forms import CHUNK_FORMS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codec", choices=sorted(CODECS),
                    help=f"KV codec (default {d.codec}: the fewest bytes per token that keeps the quality suite's "
                         "answers within 2 points of fp16; README 'Codecs')")
+    p.add_argument("--chunk-form", choices=list(CHUNK_FORMS),
+                   help=f"how a chunk's KV is computed at ingest (default {d.engine.chunk_form}: after the model's "
+                        "template prefix, so a chunk's first token is no attention sink; alone: CacheBlend's form)")
     p.add_argument("--workers", help="inproc, ray (local cluster), auto (join a running cluster, else inproc) or ray://ADDRESS (default inproc)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--memory-budget", type=_size, dest="memory_budget_bytes", metavar="BYTES",

@@ -122,8 +122,10 @@ def test_near_duplicate_chunks_overlap_and_hold_one_code(both_splits):
             assert a[len(a) // 2 + 40:] in b, p.index
 
 
-def test_lead_in_configs_parse():
+def test_chunk_form_configs_parse():
     lead = parse_config("blend+lead:legolink@0.15")
-    assert lead.lead and lead.method == "legolink" and lead.blend_config().recompute_ratio == 0.15
-    assert parse_config("reuse+lead").lead and parse_config("reuse+lead").reuse
-    assert not parse_config("blend@0.15").lead
+    assert lead.form == "lead" and lead.method == "legolink" and lead.blend_config().recompute_ratio == 0.15
+    assert parse_config("reuse+alone").form == "alone" and parse_config("reuse+alone").reuse
+    assert parse_config("blend@0.15").form is None  # the engine's form
+    with pytest.raises(ValueError):
+        parse_config("reuse+lead:x")

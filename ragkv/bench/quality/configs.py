@@ -6,7 +6,8 @@ A config name reads `KIND[:ARG][@NUMBER][:FLAG]`:
                                                                     or default; @R keeps its method)
     codec:NAME              codec only: the exact full-prefill KV stored through NAME, question recomputed
     blend+codec:NAME[@R]    blend over chunks stored through NAME
-    blend+lead[:METHOD][@R] | reuse+lead   chunks computed after the fixed lead-in (workers/chunk_lead.py)
+    blend+lead[:METHOD][@R] | reuse+lead     chunks in a named form (workers/chunk_forms.py), whatever the
+    blend+alone[:METHOD][@R] | reuse+alone   engine's default form: after the fixed lead-in, or alone
     reuse+codec:NAME        reuse over chunks stored through NAME
     policy:NAME@BUDGET[:noprot]   eviction after the full prefill, protection on unless :noprot
     ingest:NAME@BUDGET[:reuse]    chunks compressed at ingest (query-agnostic NAME, e.g. kvzip), stored
@@ -98,7 +99,7 @@ class Blend(ConfigKind):
     method: str | None = None  # None: BlendConfig's default selection method
     ratio: float | None = None  # None: BlendConfig's default ratio
     reuse: bool = False
-    lead: bool = False  # chunks computed after the fixed lead-in (workers/chunk_lead.py)
+    form: str | None = None  # how the chunks were computed (workers/chunk_forms.py); None: the engine's form
 
     @classmethod
     def parse(cls, name, arg, number, flag):
@@ -118,7 +119,7 @@ class Blend(ConfigKind):
         return config
 
     def chunks(self, ctx):
-        return ctx.stored_chunks(self.codec or ctx.codec, lead=self.lead)
+        return ctx.stored_chunks(self.codec or ctx.codec, self.form)
 
     def prepare(self, ctx) -> Prepared:
         cache, computed = fuse_chunks(ctx.runner, ctx.layout, ctx.prefix_kv(), self.chunks(ctx))
@@ -140,19 +141,33 @@ class Reuse(Blend):
         return cls(name, reuse=True)
 
 
-@config_kind("blend+lead")
-class BlendLead(Blend):
+class BlendForm(Blend):
+    form_name: ClassVar[str] = ""
+
     @classmethod
     def parse(cls, name, arg, number, flag):
-        return replace(Blend.parse.__func__(cls, name, arg, number, flag), lead=True)
+        return replace(Blend.parse.__func__(cls, name, arg, number, flag), form=cls.form_name)
 
 
-@config_kind("reuse+lead")
-class ReuseLead(Blend):
+class ReuseForm(Blend):
+    form_name: ClassVar[str] = ""
+
     @classmethod
     def parse(cls, name, arg, number, flag):
         _no_argument(name, arg, number, flag)
-        return cls(name, reuse=True, lead=True)
+        return cls(name, reuse=True, form=cls.form_name)
+
+
+def _form_kinds() -> None:
+    """blend+FORM / reuse+FORM for every chunk form."""
+    from workers.chunk_forms import CHUNK_FORMS
+
+    for form in CHUNK_FORMS:
+        for base, kind in ((BlendForm, "blend"), (ReuseForm, "reuse")):
+            config_kind(f"{kind}+{form}")(type(f"{base.__name__}{form.title()}", (base,), {"form_name": form}))
+
+
+_form_kinds()
 
 
 @config_kind("blend+codec")

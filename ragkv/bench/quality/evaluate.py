@@ -28,7 +28,7 @@ from ragkv.bench.quality.configs import ConfigKind, Eviction, Prepared
 from ragkv.bench.quality.families import QualityPrompt
 from workers.blend import BlendConfig
 from workers.cache import KVCache
-from workers.chunk_lead import chunk_kv_after, lead_in_ids
+from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
 from workers.engine import PREFIX_CODEC
 from workers.generate import SamplingParams, decode
 from workers.prompt import PromptLayout, build_prompt
@@ -53,6 +53,8 @@ class PromptContext:
     codec: str  # the suite's default codec for blend / reuse configs
     configs: list[ConfigKind]
     default_blend: BlendConfig | None = None  # what `blend` runs: the engine's setting for this model and codec
+    chunk_form: str = DEFAULT_CHUNK_FORM  # how `blend` / `reuse` chunks are computed: the engine's form
+    _forms: dict[str, list[ChunkKV]] = field(default_factory=dict)
     _stores: dict[str, BlockStore] = field(default_factory=dict)
     _stored: dict[object, list[ChunkKV]] = field(default_factory=dict)
     _in_context: dict[str, list[ChunkKV]] = field(default_factory=dict)
@@ -103,24 +105,24 @@ class PromptContext:
             self._stores[codec] = BlockStore(MemoryBackend(), codec, self.runner.fingerprint)
         return self._stores[codec]
 
-    @cached_property
+    @property
     def exact_chunks(self) -> list[ChunkKV]:
-        """Each chunk's KV computed on its own at positions 0..n-1 (what ingest stores, before the codec)."""
-        ids = self.layout.token_ids
-        return [self.runner.chunk_kv(ids[start:end]) for start, end in self.layout.chunk_spans]
+        """Each chunk's KV as ingest computes it in the engine's chunk form, before the codec."""
+        return self.form_chunks(self.chunk_form)
 
-    @cached_property
-    def lead_chunks(self) -> list[ChunkKV]:
-        """Each chunk's KV computed after the fixed lead-in (workers/chunk_lead.py), lead-in dropped."""
-        ids, lead = self.layout.token_ids, lead_in_ids(self.runner)
-        return [chunk_kv_after(self.runner, ids[start:end], lead) for start, end in self.layout.chunk_spans]
+    def form_chunks(self, form: str) -> list[ChunkKV]:
+        """Each chunk's KV computed in `form` (workers/chunk_forms.py: alone, or after the lead-in)."""
+        if form not in self._forms:
+            ids = self.layout.token_ids
+            self._forms[form] = [compute_chunk(self.runner, ids[start:end], form) for start, end in self.layout.chunk_spans]
+        return self._forms[form]
 
-    def stored_chunks(self, codec: str, lead: bool = False) -> list[ChunkKV]:
-        """The chunks as a store hit through `codec` decodes them (`lead`: computed after the lead-in)."""
-        if (codec, lead) not in self._stored:
-            chunks = self.lead_chunks if lead else self.exact_chunks
-            self._stored[codec, lead] = [self.store(codec).as_stored(kv)[1] for kv in chunks]
-        return self._stored[codec, lead]
+    def stored_chunks(self, codec: str, form: str | None = None) -> list[ChunkKV]:
+        """The chunks as a store hit through `codec` decodes them (`form`: None = the engine's)."""
+        form = form or self.chunk_form
+        if (codec, form) not in self._stored:
+            self._stored[codec, form] = [self.store(codec).as_stored(kv)[1] for kv in self.form_chunks(form)]
+        return self._stored[codec, form]
 
     def in_context_chunks(self, codec: str) -> list[ChunkKV]:
         """Each chunk's span of the full prefill's KV (its real context), moved to positions 0.. and stored
