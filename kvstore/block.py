@@ -321,7 +321,8 @@ def decode_block(data: bytes, expected_fingerprint: str | None = None,
     and dequantized there (Triton on CUDA). A pre-RoPE block gives a ChunkKV with pre_rope=True."""
     header, payload = read_header(data)
     if expected_fingerprint is not None and header.fingerprint != expected_fingerprint:
-        raise BlockFingerprintError(f"block is from model {header.fingerprint[:16]}, expected {expected_fingerprint[:16]}")
+        raise BlockFingerprintError(f"block is from model {_short(header.fingerprint)}, "
+                                    f"expected {_short(expected_fingerprint)}")
     if header.shape[2] != len(header.token_ids) and not (header.compression is not None
                                                          and header.shape[2] <= len(header.token_ids)):
         raise BlockShapeError(f"shape has {header.shape[2]} tokens, header lists {len(header.token_ids)} token ids")
@@ -364,3 +365,9 @@ def decode_block(data: bytes, expected_fingerprint: str | None = None,
                        compression=header.compression), header
     except ValueError as e:
         raise BlockShapeError(str(e)) from None
+
+
+def _short(fingerprint: str) -> str:
+    """A fingerprint for messages: the model hash's first 16 digits, and any qualifier after the hash
+    (a chunk form, workers/chunk_forms.py)."""
+    return fingerprint[:16] + fingerprint[64:]

@@ -11,6 +11,7 @@ import redis
 from kvstore.backends.registry import open_backend
 from kvstore.codecs import DEFAULT_CODEC
 from kvstore.store import BlockStore
+from workers.chunk_forms import chunk_fingerprint
 from workers import precompute
 from workers.chunking import chunk_text
 from workers.engine import Engine, EngineConfig
@@ -42,7 +43,7 @@ def incrby_calls(url: str) -> int:
 
 
 def store_for(url, runner, codec=DEFAULT_CODEC):  # what the engine and the actors store with
-    return BlockStore(open_backend(url), codec, runner.fingerprint)
+    return BlockStore(open_backend(url), codec, chunk_fingerprint(runner.fingerprint, runner.tokenizer))
 
 
 def test_chunk_ids_equal_engine_ingest_ids(runner, redis_url):

@@ -58,9 +58,10 @@ MUTATIONS = {"flipped": flip_byte, "truncated": truncate, "wrong_header": wrong_
              "foreign_fingerprint": foreign_fingerprint}
 
 
-def check_disk_store(root: Path, fingerprint: str | None = None) -> dict:
-    """Reopen a disk store after a crash: every visible block decodes, no temp file is left, and the
-    reopened index (LRU sizes, pins) agrees with the files. Returns a summary."""
+def check_disk_store(root: Path, engine=None) -> dict:
+    """Reopen a disk store after a crash: every visible block decodes (with `engine`: under the fingerprint
+    of its chunk store or of its prefix store), no temp file is left, and the reopened index (LRU sizes,
+    pins) agrees with the files. Returns a summary."""
     from kvstore.backends.disk import BLOCK_SUFFIX, PIN_SUFFIX, DiskBackend
 
     backend = DiskBackend(root)  # the reopen: clears crashed temp files, rebuilds LRU + pins
@@ -73,6 +74,8 @@ def check_disk_store(root: Path, fingerprint: str | None = None) -> dict:
     assert stats["bytes_used"] == sum(files.values()) and stats["blocks"] == len(files)
     assert backend._lru.pinned == pins & set(files)
     for key in files:
-        kv, header = decode_block(backend.get(key), expected_fingerprint=fingerprint)
+        kv, header = decode_block(backend.get(key))
         assert tuple(kv.keys.shape) == header.shape
+        if engine is not None:
+            assert header.fingerprint in (engine.store.fingerprint, engine.prefix_store.fingerprint)
     return {"blocks": len(files), "pinned": len(backend._lru.pinned), "bytes": sum(files.values())}

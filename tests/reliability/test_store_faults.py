@@ -95,7 +95,7 @@ def test_redis_killed_mid_ingest_leaves_only_whole_blocks(runner, tmp_path):
         keys = list(store.backend.keys())
         assert 2 <= len(keys) < len(MORE)  # the kill landed mid-ingest
         for key in keys:
-            kv, header = decode_block(store.backend.get(key), expected_fingerprint=runner.fingerprint)
+            kv, header = decode_block(store.backend.get(key), expected_fingerprint=store.fingerprint)
             assert store.address_for(header.token_ids) == key
         stats = store.backend.stats()
         sizes = redis.Redis.from_url(server.url).hvals("ragkv:size")
@@ -145,7 +145,7 @@ def test_damaged_block_is_detected_counted_deleted_and_recomputed(runner, store_
     assert getattr(engine.store.counters, reason) == 1
     assert rejected(engine)[reason] == 1  # ragkv_store_rejected_blocks{reason=...}
     # deleted, then replaced by the recomputed block, which decodes
-    decode_block(engine.store.backend.get(key), expected_fingerprint=runner.fingerprint)
+    decode_block(engine.store.backend.get(key), expected_fingerprint=engine.store.fingerprint)
     assert engine.generate(request()).stats["chunks_hit"] == 3
 
 
@@ -190,7 +190,7 @@ def test_byte_budget_full_of_pinned_blocks_still_answers_uncached(runner, tmp_pa
     assert not ref.cached and not engine.store.contains(ref.id)
     result = engine.generate(request(chunks=[CHUNKS[1]]))
     assert result.token_ids == clean.token_ids and result.stats["chunks_computed"] == 1
-    summary = check_disk_store(root, runner.fingerprint)
+    summary = check_disk_store(root, engine)
     assert summary == {"blocks": 2, "pinned": 2, "bytes": used}  # the pinned chunk + pinned prefix, nothing else
 
 
@@ -226,7 +226,7 @@ def test_enospc_is_a_miss_and_leaves_no_partial_files(runner, tiny_fs):
     result = engine.generate(request(chunks=[MORE[0], CHUNKS[2]]))
     assert result.stats["chunks_computed"] == 1 and result.stats["chunks_hit"] == 1
     assert [p.name for p in root.glob("*/.*")] == []  # no temp file left behind, readable or not
-    check_disk_store(root, runner.fingerprint)
+    check_disk_store(root, engine)
     filler.unlink()
     assert engine.ingest([MORE[0]])[0].cached is False and engine.store.contains(ref.id)  # space back: stored
     assert not engine.store.degraded

@@ -117,7 +117,7 @@ def test_sixteen_concurrent_clients(server, refs):
                 assert c.health() == "SERVING"
                 assert c.lookup([refs[i % len(refs)]]) == [True]
                 r = c.generate(f"Question {i}?", chunks=[refs[i % len(refs)]], mode="reuse", max_new_tokens=1)
-                assert len(r.token_ids) == 1
+                assert len(r.token_ids) <= 1 and r.stats["chunks_hit"] == 1  # served (an EOS first is no token)
         except BaseException as e:  # noqa: BLE001 - collected and reported below
             errors.append(e)
 

@@ -48,3 +48,18 @@ def test_a_newly_registered_codec_needs_no_second_edit(monkeypatch):
     monkeypatch.setitem(CODECS, "test-codec", CODECS["fp16"])
     assert ServeConfig().with_overrides(codec="test-codec").codec == "test-codec"
     assert config_from_args(build_parser("serve").parse_args(["serve", "--codec", "test-codec"])).codec == "test-codec"
+
+
+def test_chunk_forms_flag_and_helm_enum_follow_the_registry():
+    import json
+    from pathlib import Path
+
+    from workers.chunk_forms import CHUNK_FORMS, DEFAULT_CHUNK_FORM
+
+    schema = json.loads((Path(__file__).parents[2] / "helm/ragkv/values.schema.json").read_text())
+    assert set(schema["properties"]["server"]["properties"]["chunkForm"]["enum"]) == set(CHUNK_FORMS)
+    assert ServeConfig().engine.chunk_form == DEFAULT_CHUNK_FORM
+    args = build_parser("serve").parse_args(["serve", "--chunk-form", "alone"])
+    assert config_from_args(args).engine.chunk_form == "alone"
+    with pytest.raises(ValueError, match="--chunk-form"):
+        ServeConfig().with_overrides(chunk_form="no-such-form")
