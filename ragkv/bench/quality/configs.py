@@ -146,7 +146,7 @@ class BlendForm(Blend):
 
     @classmethod
     def parse(cls, name, arg, number, flag):
-        return replace(Blend.parse.__func__(cls, name, arg, number, flag), form=cls.form_name)
+        return replace(super().parse(name, arg, number, flag), form=cls.form_name)
 
 
 class ReuseForm(Blend):
