@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Sequence
 
 from kvstore.kv import ChunkKV
 from workers.rope import rerotate_keys
@@ -75,7 +75,7 @@ def chunk_after_lead(runner, token_ids: list[int]) -> ChunkKV:
     return chunk_kv_after(runner, token_ids, lead_in_ids(runner.tokenizer))
 
 
-def chunk_kv_after(runner, token_ids: list[int], lead_ids: list[int]) -> ChunkKV:
+def chunk_kv_after(runner, token_ids: list[int], lead_ids: Sequence[int]) -> ChunkKV:
     """KV of `token_ids` computed after `lead_ids`, lead-in dropped, keys at positions 0..n-1."""
     if not token_ids:
         raise ValueError("chunk has no tokens")

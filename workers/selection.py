@@ -283,11 +283,10 @@ class QuestionAttention(Selection):
 
 @selection("chunks")
 @dataclass(frozen=True)
-class AttendedChunks(Selection):
+class AttendedChunks(QuestionAttention):
     """Whole chunks, those the question attends to most (the probe of `attention`, each chunk's first
     `sink_tokens` (default 4) left out of its score), recomputed from layer 0 until the budget is spent;
-    the last chunk taken is cut to its most attended tokens."""
-    probe_layers: int | None = None
+    the last chunk taken is cut to its most attended tokens. The probe's cost is `attention`'s."""
     sink_tokens: int | None = None
 
     def start(self, ctx):
@@ -297,9 +296,6 @@ class AttendedChunks(Selection):
         score = chunk_scores(ctx.layout, attention, 4 if self.sink_tokens is None else self.sink_tokens)
         picked = select_tokens(score + attention / (attention.max() + 1e-9), ctx.candidates, ctx.budget)
         return torch.sort(torch.cat([picked, ctx.always])).values
-
-    def extra_token_layers(self, ctx):
-        return 0 if ctx.budget == 0 else ctx.always.numel() * (self.probe_layers or ctx.runner.shape.num_layers)
 
 
 def chunk_scores(layout, attention: torch.Tensor, skip: int) -> torch.Tensor:

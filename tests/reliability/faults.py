@@ -58,6 +58,11 @@ MUTATIONS = {"flipped": flip_byte, "truncated": truncate, "wrong_header": wrong_
              "foreign_fingerprint": foreign_fingerprint}
 
 
+def engine_fingerprints(engine) -> tuple[str, str]:
+    """The fingerprints an engine's blocks carry: its chunk store's (model + chunk form) and its prefix store's."""
+    return engine.store.fingerprint, engine.prefix_store.fingerprint
+
+
 def check_disk_store(root: Path, engine=None) -> dict:
     """Reopen a disk store after a crash: every visible block decodes (with `engine`: under the fingerprint
     of its chunk store or of its prefix store), no temp file is left, and the reopened index (LRU sizes,
@@ -77,5 +82,5 @@ def check_disk_store(root: Path, engine=None) -> dict:
         kv, header = decode_block(backend.get(key))
         assert tuple(kv.keys.shape) == header.shape
         if engine is not None:
-            assert header.fingerprint in (engine.store.fingerprint, engine.prefix_store.fingerprint)
+            assert header.fingerprint in engine_fingerprints(engine)
     return {"blocks": len(files), "pinned": len(backend._lru.pinned), "bytes": sum(files.values())}

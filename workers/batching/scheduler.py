@@ -7,8 +7,9 @@ New requests join between steps; a finished, cancelled or failed request leaves 
 Waiting is first come, first served, and every step decodes every running request, so no request
 starves: a prefill delays the batch by one prefill, and a request waits for at most the ones ahead.
 All model work runs on the one thread that drives the loop: ingest's chunk compute comes in through
-`call()` and runs between two steps, so no lock is needed. The scheduler knows nothing of modes or stores: `prefill(seq)` (the engine's) fills
-the sequence's cache and first logits, `decode(seqs)` advances them all by one token.
+`call()` and runs between two steps, so no lock is needed. The scheduler knows nothing of modes or
+stores: `prefill(seq)` (the engine's) fills the sequence's cache and first logits, `decode(seqs)`
+advances them all by one token.
 """
 
 from __future__ import annotations

@@ -141,7 +141,9 @@ class Reuse(Blend):
         return cls(name, reuse=True)
 
 
-class BlendForm(Blend):
+class InForm:
+    """Mixin: the base kind's config, with its chunks computed in `form_name` (workers/chunk_forms.py)."""
+
     form_name: ClassVar[str] = ""
 
     @classmethod
@@ -149,22 +151,13 @@ class BlendForm(Blend):
         return replace(super().parse(name, arg, number, flag), form=cls.form_name)
 
 
-class ReuseForm(Blend):
-    form_name: ClassVar[str] = ""
-
-    @classmethod
-    def parse(cls, name, arg, number, flag):
-        _no_argument(name, arg, number, flag)
-        return cls(name, reuse=True, form=cls.form_name)
-
-
 def _form_kinds() -> None:
-    """blend+FORM / reuse+FORM for every chunk form."""
+    """blend+FORM[:METHOD][@R] / reuse+FORM for every chunk form."""
     from workers.chunk_forms import CHUNK_FORMS
 
     for form in CHUNK_FORMS:
-        for base, kind in ((BlendForm, "blend"), (ReuseForm, "reuse")):
-            config_kind(f"{kind}+{form}")(type(f"{base.__name__}{form.title()}", (base,), {"form_name": form}))
+        for base, kind in ((Blend, "blend"), (Reuse, "reuse")):
+            config_kind(f"{kind}+{form}")(type(f"{base.__name__}{form.title()}", (InForm, base), {"form_name": form}))
 
 
 _form_kinds()

@@ -56,7 +56,7 @@ class PromptContext:
     chunk_form: str = DEFAULT_CHUNK_FORM  # how `blend` / `reuse` chunks are computed: the engine's form
     _forms: dict[str, list[ChunkKV]] = field(default_factory=dict)
     _stores: dict[str, BlockStore] = field(default_factory=dict)
-    _stored: dict[object, list[ChunkKV]] = field(default_factory=dict)
+    _stored: dict[tuple[str, str], list[ChunkKV]] = field(default_factory=dict)  # (codec, form) -> chunks
     _in_context: dict[str, list[ChunkKV]] = field(default_factory=dict)
     _compressors: dict[str, object] = field(default_factory=dict)
 
