@@ -6,6 +6,12 @@ the cached tokens at positions <= p. Per-head retention (Ada-KV) compacts each
 head on its own: `positions` becomes [kv_heads, T] (slot j of head h holds the
 token at positions[h, j]) and the boolean `head_mask` marks padding slots of
 heads that keep fewer than T tokens; per-layer lengths may differ (PyramidKV).
+
+That padded layout costs the longest head. The packed layout costs exactly the kept
+entries: every head's entries in one sequence (keys/values [1, N, D], positions [N]) and
+`head_mask` [kv_heads, N] says which kv head owns each entry. Attention reads it as one
+shared kv head whose entries each query head masks to its own kv head's (attention.py);
+decode appends one entry per kv head (eviction/slots.py packs and unpacks).
 """
 
 from __future__ import annotations
@@ -32,6 +38,16 @@ class LayerKV:
     def num_tokens(self) -> int:
         return self.keys.shape[1]
 
+    @property
+    def head_length(self) -> int:
+        """Entries of the longest kv head (= num_tokens, except in the packed layout)."""
+        return int(self.head_mask.sum(dim=1).max()) if self.packed else self.num_tokens
+
+    @property
+    def packed(self) -> bool:
+        """Heads packed into one sequence: keys [1, N, D], head_mask [kv_heads, N] = each entry's owner."""
+        return self.head_mask is not None and self.keys.shape[0] == 1 < self.head_mask.shape[0]
+
     def nbytes(self) -> int:
         total = self.keys.nbytes + self.values.nbytes + self.positions.nbytes
         return total + (self.head_mask.nbytes if self.head_mask is not None else 0)
@@ -41,7 +57,10 @@ class LayerKV:
         token in place instead of copying the whole layer (torch.cat). Only buffers this layer allocated
         itself, still behind the very tensors it last set, are written in place: a LayerKV built over
         another's tensors, or whose tensors were replaced, copies into fresh buffers first."""
-        if self.positions.dim() == 2:  # per-head layout: every head gets the new tokens
+        fresh = None
+        if self.packed:  # one entry per kv head and token, owned by that head
+            keys, values, positions, fresh = packed_entries(keys, values, positions)
+        elif self.positions.dim() == 2:  # per-head layout: every head gets the new tokens
             positions = positions[None, :].expand(self.positions.shape[0], -1)
         new = (keys, values, positions)
         length, added = self.keys.shape[1], keys.shape[1]
@@ -57,8 +76,18 @@ class LayerKV:
                       room.buffers[2][..., :length + added])
         self.keys, self.values, self.positions = room.views
         if self.head_mask is not None:
-            fresh = torch.ones(keys.shape[0], keys.shape[1], dtype=torch.bool, device=keys.device)
+            if fresh is None:
+                fresh = torch.ones(keys.shape[0], keys.shape[1], dtype=torch.bool, device=keys.device)
             self.head_mask = torch.cat([self.head_mask, fresh], dim=1)
+
+
+def packed_entries(keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
+    """New tokens keys/values [Hkv, S, D] at positions [S] -> the packed layout's entries, head-major:
+    (keys [1, Hkv*S, D], values, positions [Hkv*S], owner [Hkv, Hkv*S] bool)."""
+    heads, seq, dim = keys.shape
+    owner = torch.eye(heads, dtype=torch.bool, device=keys.device).repeat_interleave(seq, dim=1)
+    return (keys.reshape(1, heads * seq, dim), values.reshape(1, heads * seq, dim),
+            positions.repeat(heads), owner)
 
 
 @dataclass

@@ -86,12 +86,15 @@ def test_exact_configs_agree_with_full(runner):
     from ragkv.bench.quality.evaluate import evaluate_prompt
 
     count = lambda text: len(runner.tokenize(text))  # noqa: E731
-    configs = [parse_config(n) for n in ("full", "blend@1.0", "codec:fp16", "reuse")]
+    configs = [parse_config(n) for n in ("full", "blend@1.0", "codec:fp16", "reuse", "policy:adakv@0.3")]
     for p in make_prompts("dev", count, ["single_needle", "cross_chunk"], per_family=1, sizes=(500,)):
         out = evaluate_prompt(runner, p, configs, codec="int4")
         assert out["blend@1.0"].agree and out["codec:fp16"].agree, p.family
         assert out["blend@1.0"].kl < 1e-3 and out["codec:fp16"].kl < 1e-2
         assert out["reuse"].kl > 1e-3  # reuse really differs: the comparison can fail
+        # the cache really shrinks to the budget: adakv's unequal heads are packed, not padded
+        assert out["full"].kv_bytes == out["blend@1.0"].kv_bytes == 1.0
+        assert 0.28 < out["policy:adakv@0.3"].kv_bytes < 0.32
 
 
 def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
@@ -107,7 +110,7 @@ def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
     assert len(result["families"]) >= 8
     for data in result["families"].values():
         assert data["n"] >= 1 and data["prompt_tokens"] > 0
-        for metric in ("accuracy", "agreement_vs_full", "kl_vs_full"):
+        for metric in ("accuracy", "agreement_vs_full", "kl_vs_full", "kv_bytes_vs_full"):
             assert set(data[metric]) == set(result["configs"])
         assert data["agreement_vs_full"]["full"] == 1.0 and data["agreement_vs_full"]["blend@1.0"] == 1.0
     assert any(p.endswith(".png") and Path(p).stat().st_size > 0 for p in result["plots"])

@@ -105,10 +105,15 @@ def test_fused_compressed_chunk_is_masked_and_never_revived(runner, compressed):
     compact(cache)
     assert cache.nbytes() < before
     for i, c in enumerate(cache.layers):  # compacted: every head holds its kept chunk slots + all others
-        held = {int(p) for p in c.positions[0][c.head_mask[0]]} if c.head_mask is not None else set(range(len(
-            layout.token_ids)))
-        kept = {start + int(p) for p in small.positions[i, 0][small.head_mask[i, 0]]}
-        assert held == set(range(start)) | kept | set(range(end, layout.num_tokens))
+        for h in range(c.head_mask.shape[0] if c.head_mask is not None else 1):
+            positions = c.positions if c.positions.dim() == 1 else c.positions[h]
+            held = {int(p) for p in positions[c.head_mask[h]]} if c.head_mask is not None else set(range(len(
+                layout.token_ids)))
+            kept = {start + int(p) for p in small.positions[i, h][small.head_mask[i, h]]}
+            assert held == set(range(start)) | kept | set(range(end, layout.num_tokens))
+        if c.head_mask is not None and not bool(c.head_mask.all()):  # unequal counts: packed, the visible entries
+            assert c.packed and c.keys.shape[1] == int(masks[i].sum())
+    assert any(c.packed for c in cache.layers)
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def test_policy_matrix(runner, prefilled, policy, budget, protect):
     assert stats["kv_bytes_after"] < stats["kv_bytes_before"] == full.nbytes()
     assert stats["kv_bytes_after"] == cache.nbytes()
     for i, kv in enumerate(cache.layers):
-        assert kv.num_tokens <= min(n, compressor.layer_budgets[i] if not per_head else n)
+        assert kv.head_length <= min(n, compressor.layer_budgets[i] if not per_head else n)
         for h in range(heads):
             assert protected <= kept_positions(kv, h), f"layer {i} head {h} lost protected tokens"
         if per_head:
@@ -98,17 +98,21 @@ def test_policy_matrix(runner, prefilled, policy, budget, protect):
         else:
             assert kv.num_tokens == compressor.layer_budgets[i]
     assert sum(compressor.layer_budgets) == budget_tokens * runner.shape.num_layers
-    if policy == "adakv":  # heads of a layer keep unequal numbers of tokens; memory = the longest head
-        assert any(len(set(kv.head_mask.sum(1).tolist())) > 1 for kv in cache.layers)
-        assert all(kv.num_tokens == int(kv.head_mask.sum(1).max()) for kv in cache.layers)
+    if policy in ("adakv", "kvzip"):  # heads keep unequal numbers of tokens: packed, memory = the entries kept
+        assert any(kv.head_mask is not None and len(set(kv.head_mask.sum(1).tolist())) > 1 for kv in cache.layers)
+        assert all(kv.packed or kv.head_mask is None or bool(kv.head_mask.all()) for kv in cache.layers)
+        assert stats["packed"] and any(kv.packed for kv in cache.layers)
+        for kv, keep in zip(cache.layers, keeps):
+            assert kv.keys.shape[0] * kv.keys.shape[1] == int(keep.sum())  # no padding: exactly the kept entries
+            assert stats["kv_bytes_after"] <= 1.05 * budget_tokens / n * stats["kv_bytes_before"]
     if policy == "snapkv":  # per-head selection, equal counts: heads keep different tokens, no padding
         assert any(not torch.equal(k[0], k[1]) for k in keeps)
         assert all(kv.head_mask is None or bool(kv.head_mask.all()) for kv in cache.layers)
     if policy in ("pyramidkv", "dynamickv", "kvzip"):  # layers keep unequal numbers of tokens
-        assert len({kv.num_tokens for kv in cache.layers}) > 1
+        assert len({int(keep.sum()) for keep in keeps}) > 1
     if policy == "pyramidkv":
         assert compressor.layer_budgets == sorted(compressor.layer_budgets, reverse=True)
-    assert sum(kv.num_tokens for kv in cache.layers) < n * runner.shape.num_layers
+    assert sum(kv.head_length for kv in cache.layers) < n * runner.shape.num_layers
 
     # masked reference + L1 bound on real activations, every layer and head
     scale = runner.layers[0].self_attn.scaling
@@ -139,9 +143,9 @@ def test_policy_matrix(runner, prefilled, policy, budget, protect):
     def record(c):
         if after is not None:  # prefill presses append: no decode hook
             after(c)
-        sizes.append([kv.num_tokens for kv in c.layers])
+        sizes.append([kv.head_length for kv in c.layers])
 
-    after_prefill = [kv.num_tokens for kv in cache.layers]
+    after_prefill = [kv.head_length for kv in cache.layers]
     tokens = list(decode(NoStop(runner), cache, prefilled["logits"], n, SamplingParams(max_new_tokens=3),
                          DecodeHooks(observer=hooks.observer, after_step=record)))
     assert len(tokens) == 3 and len(sizes) == 2

@@ -93,7 +93,7 @@ def test_decode_semantics(runner, policy, decode_budget):
     layout, cache, logits, compressor = prefill(runner, QUESTIONS[0], spec)
     compressor.prepare(runner, cache, layout.token_ids, (0, layout.suffix_start))
     compressor.compress(cache)
-    valid = lambda c: [int(kv.head_mask.sum()) // kv.keys.shape[0] if kv.head_mask is not None  # noqa: E731
+    valid = lambda c: [int(kv.head_mask.sum()) // kv.head_mask.shape[0] if kv.head_mask is not None  # noqa: E731
                        else kv.num_tokens for kv in c.layers]
     after_prefill = valid(cache)
     sizes = []

@@ -16,6 +16,7 @@ from workers.batching.step import decode_step, rope_matrix
 from workers.cache import KVCache, LayerKV
 from workers.engine import Engine, EngineConfig
 from workers.errors import Cancelled, ResourceExhausted
+from workers.eviction.slots import keep_slots, pack_heads, unpack_heads
 from workers.requests import CompressionSpec, GenerateRequest
 from kvstore.rope import apply_rope, rope_cos_sin
 
@@ -106,6 +107,37 @@ def test_cache_grows_in_place_and_never_into_a_shared_buffer():
     assert view.keys[0, -1, 0] == -1 and layer.keys[0, -1, 0] == 7  # neither wrote into the other's room
 
 
+def test_packed_heads_step_equals_the_padded_layout(runner, prefilled):
+    """Heads keeping unequal counts: the packed layer holds exactly the kept entries, and a decode step
+    (and the runner's attention) over it gives the padded layer's logits."""
+    cache, token, n = prefilled
+    gen = torch.Generator().manual_seed(0)
+    heads = runner.shape.num_kv_heads
+    padded, packed = [], []
+    for layer in cache.layers:
+        keep = torch.rand(heads, n, generator=gen) < torch.linspace(0.3, 0.9, heads)[:, None]
+        keep[:, :4] = True
+        kv = keep_slots(LayerKV(layer.keys.clone(), layer.values.clone(), layer.positions.clone()), keep)[0]
+        padded.append(kv)
+        packed.append(pack_heads(kv))
+        assert packed[-1].packed and packed[-1].keys.shape == (1, int(keep.sum()), runner.shape.head_dim)
+        assert packed[-1].head_length == kv.num_tokens == int(keep.sum(1).max())
+        back = unpack_heads(packed[-1])
+        assert torch.equal(back.keys, kv.keys) and torch.equal(back.positions, kv.positions)
+        assert torch.equal(back.head_mask, kv.head_mask)
+    padded_cache, packed_cache = KVCache(padded), KVCache(packed)
+    assert packed_cache.nbytes() < 0.8 * padded_cache.nbytes()
+    weights = runner.decode_weights("fp32", 4)
+    for step in range(3):  # appends: one entry per kv head and token in the packed layer
+        want = decode_step(runner, weights, [token + step], [n + step], [padded_cache])
+        got = decode_step(runner, weights, [token + step], [n + step], [packed_cache])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert all(kv.head_length == p.num_tokens for kv, p in zip(packed_cache.layers, padded_cache.layers))
+    want = runner.forward(torch.tensor([5, 6]), torch.tensor([n + 3, n + 4]), padded_cache)
+    got = runner.forward(torch.tensor([5, 6]), torch.tensor([n + 3, n + 4]), packed_cache)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 # -- the scheduler, through the engine ---------------------------------------------------
 def _engine(runner, tmp_path, **batch) -> Engine:
     return Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", batch=BatchConfig(**batch)), runner=runner)
@@ -138,6 +170,8 @@ MIXED = [
                     temperature=0.8, top_p=0.9, seed=7),
     GenerateRequest(question="Where does the Quillon end?", chunks=CHUNKS, mode="blend", max_new_tokens=8,
                     compression=CompressionSpec(policy="snapkv", budget=0.4)),
+    GenerateRequest(question="Who founded Lindorf?", chunks=CHUNKS[:3], mode="full", max_new_tokens=6,
+                    compression=CompressionSpec(policy="adakv", budget=0.5)),  # heads packed (unequal counts)
 ]
 
 
@@ -149,6 +183,7 @@ def test_mixed_batch_equals_each_request_alone(runner, tmp_path):
         before = engine.scheduler.stats.decode_steps
         batched = _concurrently(engine, MIXED)
         assert [r.token_ids for r in batched] == alone
+        assert batched[-1].stats["compression"]["packed"]  # adakv's unequal heads ran packed in the batch
         stats = engine.stats().batch
         assert stats.decode_steps > before and stats.prefills == 2 * len(MIXED)
         # the batch really formed: fewer decode steps than the tokens it produced

@@ -149,11 +149,15 @@ def attend_newest(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     """The newest token's attention: q [Hq, D] (already scaled) over keys/values [Hkv, T, D] -> [Hq * D].
 
     It sees every cached token (all are at earlier positions), so only per-head eviction masks.
-    Two small matmuls per GQA group: at one query row this beats the fused SDPA kernel."""
+    Two small matmuls per GQA group: at one query row this beats the fused SDPA kernel.
+    A packed layer (keys [1, N, D], head_mask [Hkv, N]) is one group of all Hq heads, each masked to
+    the entries its kv head owns."""
     kv_heads, num_tokens, head_dim = keys.shape
     scores = torch.matmul(q.reshape(kv_heads, -1, head_dim), keys.transpose(1, 2))  # [Hkv, G, T]
     if head_mask is not None:  # [Hkv, T]
-        scores = scores.masked_fill(~head_mask[:, None, :], float("-inf"))
+        visible = (head_mask[:, None, :] if head_mask.shape[0] == kv_heads  # [Hkv, 1, T]
+                   else head_mask.repeat_interleave(q.shape[0] // head_mask.shape[0], dim=0)[None])  # [1, Hq, N]
+        scores = scores.masked_fill(~visible, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
     if weights.dtype != values.dtype:
         weights = weights.to(values.dtype)

@@ -41,7 +41,7 @@ def make_compressor(spec: CompressionSpec, shape, prefix_len: int, prompt_len: i
     a decode budget below it InvalidArgument("compression.decode_budget").
     question_start: first position of the question (PromptLayout.suffix_start): windowed policies
     (SnapKV and its wrappers) observe at least the tokens from there on.
-    ingest: the policy as it compresses a chunk alone (Policy.for_ingest).
+    ingest: a chunk compressed alone (its per-head result stays padded: chunks.to_chunk stores that).
     """
     budget = spec.budget_tokens(prompt_len)
     prefix = prefix_len if spec.protect_system_prompt else 0
@@ -59,8 +59,7 @@ def make_compressor(spec: CompressionSpec, shape, prefix_len: int, prompt_len: i
         raise InvalidArgument("compression.decode_budget",
                               f"decode budget of {decode_budget} tokens is below the {protected} protected tokens")
     policy = None if spec.policy == "none" else build_policy(spec)
-    if policy is not None and ingest:
-        policy = policy.for_ingest()
     question = prompt_len - question_start if question_start is not None else 0
     return Compressor(policy, spec, shape.num_layers, shape.head_dim, prefix_len, prompt_len, budget,
-                      inv_freq=inv_freq, scale=scale, decode_budget=decode_budget, question_tokens=question)
+                      inv_freq=inv_freq, scale=scale, decode_budget=decode_budget, question_tokens=question,
+                      pack=not ingest)

@@ -24,7 +24,7 @@ import torch
 from kvstore.kv import ChunkKV
 from workers.cache import KVCache
 from workers.errors import InvalidArgument
-from workers.eviction.slots import keep_slots
+from workers.eviction.slots import keep_slots, pack_heads
 from workers.requests import CompressionSpec
 
 
@@ -70,7 +70,7 @@ def compression_json(spec: CompressionSpec) -> dict:
 
     from workers.eviction.policies import build_policy
 
-    policy = build_policy(spec).for_ingest()
+    policy = build_policy(spec)
     params = asdict(policy) if is_dataclass(policy) else {}
     return {**spec.address_json(), "params": _jsonable(params)}
 
@@ -121,10 +121,11 @@ def place_chunk(keys: torch.Tensor, values: torch.Tensor, head_mask: torch.Tenso
 
 
 def compact(cache: KVCache) -> None:
-    """Drop every layer's masked slots (in place): the compressed chunks' dropped entries leave the cache."""
+    """Drop every layer's masked slots (in place): the compressed chunks' dropped entries leave the cache,
+    and the heads are packed (bytes = the entries kept, not the longest head)."""
     for i, kv in enumerate(cache.layers):
         if kv.head_mask is not None and not bool(kv.head_mask.all()):
-            cache.layers[i] = keep_slots(kv, kv.head_mask)[0]
+            cache.layers[i] = pack_heads(keep_slots(kv, kv.head_mask)[0])
 
 
 

@@ -28,7 +28,7 @@ from workers.cache import KVCache, LayerKV
 from workers.eviction import scores
 from workers.eviction.budgets import allocate, protected_mask, select_kept_tokens, select_per_head
 from workers.eviction.policies import Policy, ScoreContext
-from workers.eviction.slots import compact_positions, gather_slots, keep_slots
+from workers.eviction.slots import compact_positions, gather_slots, keep_slots, pack_heads, unpack_heads
 from workers.generate import DecodeHooks
 from workers.requests import CompressionSpec
 
@@ -53,6 +53,12 @@ def _pad_slots(x: torch.Tensor | None, slots: int, fill) -> torch.Tensor | None:
     return torch.cat([x, pad], dim=1)
 
 
+def _unpack(cache: KVCache) -> None:
+    """Packed layers (a blend over chunks compressed at ingest) back to the padded per-head layout the
+    policies score."""
+    cache.layers[:] = [unpack_heads(kv) for kv in cache.layers]
+
+
 def _valid(kv: LayerKV) -> torch.Tensor:
     """[Hkv, T] real entries."""
     if kv.head_mask is not None:
@@ -63,7 +69,8 @@ def _valid(kv: LayerKV) -> torch.Tensor:
 class Compressor:
     def __init__(self, policy: Policy | None, spec: CompressionSpec, num_layers: int, head_dim: int,
                  prefix_len: int, prompt_len: int, budget: int, inv_freq: torch.Tensor | None = None,
-                 scale: float | None = None, decode_budget: int | None = None, question_tokens: int = 0):
+                 scale: float | None = None, decode_budget: int | None = None, question_tokens: int = 0,
+                 pack: bool = False):
         self.policy = policy
         self.spec = spec
         self.num_layers = num_layers
@@ -79,6 +86,8 @@ class Compressor:
         # None: decode appends (a prefill press with no explicit decode budget)
         self.decode_budget = decode_budget if decode_budget is not None else (
             budget if policy is not None and policy.phase == "decode" else None)
+        # a per-head result is packed (bytes = the entries kept) when nothing evicts from it later
+        self.packs = pack and self.decode_budget is None
         self.layer_budgets: list[int] | None = None
         self._decode_budgets: list[int] | None = None
         self._states = [LayerState() for _ in range(num_layers)]
@@ -162,6 +171,7 @@ class Compressor:
         """Keep masks [Hkv, T] per layer (no change to the cache)."""
         if self.policy is None:
             return [_valid(kv) for kv in cache.layers]
+        _unpack(cache)
         queries = self.queries
         contexts = [self._context(i, cache.layers[i], queries) for i in range(self.num_layers)]
         budgets = self._budgets(cache, contexts)
@@ -179,6 +189,12 @@ class Compressor:
         cache.layers[layer] = new_kv
 
     # -- public -------------------------------------------------------------
+    @property
+    def prepare_key(self) -> tuple | None:
+        """What prepare()'s scores depend on besides the cache: compressors with equal keys share them."""
+        key = None if self.policy is None else self.policy.prepare_key()
+        return None if key is None else key + (self.spec.sink_tokens,)
+
     @torch.inference_mode()
     def prepare(self, runner, cache: KVCache, token_ids: list[int], context: tuple[int, int],
                 scores: list[torch.Tensor] | None = None) -> list[torch.Tensor] | None:
@@ -211,18 +227,21 @@ class Compressor:
                 bounds.append(bound.mean())
             if not bool(keep.all()):
                 self._apply(cache, i, keep)
-        after = cache.nbytes()
-        heads = cache.layers[0].keys.shape[0]
+        heads = _valid(cache.layers[0]).shape[0]
         kept = [int(_valid(kv).sum()) for kv in cache.layers]
+        protected = int(self._protected(0, cache.layers[0])[0].sum()) if self.policy is not None else 0
+        self._max_cache_tokens = max(kv.num_tokens for kv in cache.layers)  # the longest head
+        if self.packs:
+            cache.layers[:] = [pack_heads(kv) for kv in cache.layers]
+        after = cache.nbytes()
         self._stats.update(
-            protected_tokens=int(self._protected(0, cache.layers[0])[0].sum()) if self.policy is not None else 0,
+            protected_tokens=protected, packed=any(kv.packed for kv in cache.layers),
             kv_bytes_before=before, kv_bytes_after=after, kv_bytes_ratio=after / before if before else 1.0,
             evicted=sum(b - k for b, k in zip(slots_before, kept)) / (heads * len(kept)),
             kept_tokens=[k / heads for k in kept], layer_budgets=list(self.layer_budgets or []),
             l1_loss=float(torch.stack(losses).mean()) if losses else 0.0,
             l1_bound=float(torch.stack(bounds).mean()) if bounds else 0.0,
         )
-        self._max_cache_tokens = max(kv.num_tokens for kv in cache.layers)
         return self.stats()
 
     def _decode_layer_budgets(self, cache: KVCache) -> list[int]:
@@ -243,6 +262,7 @@ class Compressor:
         """Decode hook: evict whatever exceeds each layer's decode budget (the newest token's slot included)."""
         if self.policy is None or self.decode_budget is None:
             return
+        _unpack(cache)
         queries = self.queries
         budgets = self._decode_layer_budgets(cache)
         for i, kv in enumerate(cache.layers):

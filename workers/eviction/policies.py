@@ -107,13 +107,13 @@ class Policy:
         """Relative per-layer budgets (None = equal); `budget` is the mean per-layer budget in tokens."""
         return None
 
-    def for_ingest(self) -> "Policy":
-        """The policy as it compresses a chunk alone at ingest (query-agnostic policies may differ there)."""
-        return self
-
     def layer_budgets(self, contexts: list[ScoreContext], budget: int) -> list[int] | None:
         """Exact integer per-layer budgets (mean `budget`), used instead of layer_weights when given."""
         return None
+
+    def prepare_key(self) -> tuple | None:
+        """What prepare()'s scores depend on besides the cache and the prompt (equal keys: the same scores)."""
+        return (self.name,) if self.needs_model else None
 
     def prepare(self, runner, cache, token_ids: list[int], context: tuple[int, int],
                 sink_tokens: int) -> list[torch.Tensor] | None:

@@ -70,6 +70,31 @@ def keep_slots(kv: LayerKV, keep: torch.Tensor) -> tuple[LayerKV, torch.Tensor, 
     return LayerKV(keys, values, new_positions, head_mask=valid.clone()), idx, valid
 
 
+def pack_heads(kv: LayerKV) -> LayerKV:
+    """A padded per-head layer -> the packed layout (workers/cache.py): only the kept entries, head-major,
+    keys/values [1, N, D], positions [N], head_mask [Hkv, N] = each entry's kv head. Bytes = the entries
+    kept, not Hkv x the longest head. Other layers (shared, no padding, one kv head, already packed) are
+    returned as is: without padding, packing saves nothing and only widens the attention."""
+    if kv.head_mask is None or kv.packed or kv.keys.shape[0] == 1 or bool(kv.head_mask.all()):
+        return kv
+    heads = kv.keys.shape[0]
+    head, slot = kv.head_mask.nonzero(as_tuple=True)  # [N] each, head-major and in slot order
+    positions = kv.positions if kv.positions.dim() == 2 else kv.positions[None].expand(heads, -1)
+    owner = torch.zeros(heads, head.numel(), dtype=torch.bool, device=kv.keys.device)
+    owner[head, torch.arange(head.numel(), device=kv.keys.device)] = True
+    return LayerKV(kv.keys[head, slot][None], kv.values[head, slot][None], positions[head, slot], head_mask=owner)
+
+
+def unpack_heads(kv: LayerKV) -> LayerKV:
+    """A packed layer -> the padded per-head layout (each head's entries compacted in order); others as is."""
+    if not kv.packed:
+        return kv
+    heads = kv.head_mask.shape[0]
+    spread = LayerKV(kv.keys.expand(heads, -1, -1), kv.values.expand(heads, -1, -1),
+                     kv.positions[None].expand(heads, -1), head_mask=kv.head_mask)
+    return keep_slots(spread, kv.head_mask)[0]
+
+
 def compact_positions(kv: LayerKV, inv_freq: torch.Tensor) -> LayerKV:
     """Shared-layout layer: move the kept tokens onto consecutive positions ending at max(positions).
 

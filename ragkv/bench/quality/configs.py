@@ -218,10 +218,11 @@ class Eviction(ConfigKind):
     def prepare(self, ctx) -> Prepared:
         compressor = ctx.compressor(self)
         cache = ctx.full_cache_copy()
-        # kvzip's reconstruction pass depends on the prompt's full cache only: once per prompt and policy
+        # kvzip's reconstruction pass depends on the prompt's full cache only: once per prompt and pass
         done = ctx.__dict__.setdefault("prepared_scores", {})
-        done[self.policy] = compressor.prepare(ctx.runner, cache, ctx.layout.token_ids, (0, ctx.layout.suffix_start),
-                                               done.get(self.policy))
+        key = compressor.prepare_key
+        done[key] = compressor.prepare(ctx.runner, cache, ctx.layout.token_ids, (0, ctx.layout.suffix_start),
+                                       done.get(key))
         stats = compressor.compress(cache)
         return Prepared(ctx.full_logits, cache, compressor.decode_hooks(), stats=stats)
 

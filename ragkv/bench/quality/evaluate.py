@@ -42,6 +42,7 @@ class Outcome:
     agree: bool
     kl: float
     text: str
+    kv_bytes: float = 1.0  # bytes of the config's prompt cache / the full prefill's (real removal shows here)
 
 
 @dataclass
@@ -170,6 +171,7 @@ class PromptContext:
     # -- one configuration -------------------------------------------------------------
     def score(self, config: ConfigKind) -> Outcome:
         prepared = config.prepare(self)
+        kv_bytes = prepared.cache.nbytes() / self.full_cache.nbytes()
         needs_decode = prepared.hooks.after_step is not None
         rows = self.answer_rows(Prepared(prepared.logits, clone(prepared.cache)))
         reference = self.full_rows
@@ -182,7 +184,8 @@ class PromptContext:
             generated = list(decode(self.runner, prepared.cache, prepared.logits, self.layout.num_tokens,
                                     self.params, prepared.hooks))
         text = self.runner.detokenize(generated)
-        return Outcome(correct=self.prompt.correct(text), agree=generated == tokens, kl=kl, text=text)
+        return Outcome(correct=self.prompt.correct(text), agree=generated == tokens, kl=kl, text=text,
+                       kv_bytes=kv_bytes)
 
     def _reproduces_full(self, predicted: list[int]) -> bool:
         tokens = self.full_tokens

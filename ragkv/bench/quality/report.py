@@ -18,10 +18,13 @@ def markdown(result: dict) -> str:
         head = f"## {family}"
         if "prompt_tokens" in data:
             head += f" — {data['n']} prompts, ~{data['prompt_tokens']} tokens"
-        lines += [head, "", "| config | accuracy | agreement with full | KL vs full |", "|---|---|---|---|"]
+        lines += [head, "", "| config | accuracy | agreement with full | KL vs full | KV bytes vs full |",
+                  "|---|---|---|---|---|"]
+        kv_bytes = data.get("kv_bytes_vs_full", {})  # runs before the column have none
         for name in result["configs"]:
+            cache = f"{kv_bytes[name]:.2f}" if name in kv_bytes else ""
             lines.append(f"| {name} | {data['accuracy'][name]:.2f} | {data['agreement_vs_full'][name]:.2f} "
-                         f"| {data['kl_vs_full'][name]:.3f} |")
+                         f"| {data['kl_vs_full'][name]:.3f} | {cache} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ from ragkv.bench.quality.pools import SPLITS
 from ragkv.bench.quality.presets import config_names
 from ragkv.bench.quality.prompts import make_prompts
 
-METRICS = ("accuracy", "agreement_vs_full", "kl_vs_full")
+METRICS = ("accuracy", "agreement_vs_full", "kl_vs_full", "kv_bytes_vs_full")
 
 
 def run(quick: bool = False, progress: bool = True, split: str = "dev", families: list[str] | None = None,
@@ -101,4 +101,5 @@ def _summarize(rows: list[dict], tokens: list[int], names: list[str]) -> dict:
         "accuracy": {n: mean([float(r[n].correct) for r in rows]) for n in names},
         "agreement_vs_full": {n: mean([float(r[n].agree) for r in rows]) for n in names},
         "kl_vs_full": {n: mean([r[n].kl for r in rows]) for n in names},
+        "kv_bytes_vs_full": {n: mean([r[n].kv_bytes for r in rows]) for n in names},
     }
