@@ -39,6 +39,20 @@ class LayerKV:
         return self.keys.shape[1]
 
     @property
+    def kv_heads(self) -> int:
+        return self.head_mask.shape[0] if self.packed else self.keys.shape[0]
+
+    def head_positions(self) -> torch.Tensor:
+        """[kv_heads, T] logical position of every slot for every kv head (a shared layout's broadcast)."""
+        return self.positions if self.positions.dim() == 2 else self.positions[None].expand(self.kv_heads, -1)
+
+    def valid_mask(self) -> torch.Tensor:
+        """[kv_heads, T] bool: the real entries of each kv head (not padding; in the packed layout, its own)."""
+        if self.head_mask is not None:
+            return self.head_mask
+        return torch.ones(self.keys.shape[:2], dtype=torch.bool, device=self.keys.device)
+
+    @property
     def head_length(self) -> int:
         """Entries of the longest kv head (= num_tokens, except in the packed layout)."""
         return int(self.head_mask.sum(dim=1).max()) if self.packed else self.num_tokens

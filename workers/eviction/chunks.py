@@ -92,8 +92,7 @@ def to_chunk(cache: KVCache, token_ids: list[int], compression: dict) -> ChunkKV
     for i, kv in enumerate(cache.layers):
         t = kv.num_tokens
         keys[i, :, :t], values[i, :, :t] = kv.keys.cpu(), kv.values.cpu()
-        pos = kv.positions if kv.positions.dim() == 2 else kv.positions[None].expand(heads, -1)
-        positions[i, :, :t] = pos.cpu()
+        positions[i, :, :t] = kv.head_positions().cpu()
         head_mask[i, :, :t] = True if kv.head_mask is None else kv.head_mask.cpu()
     positions = positions.masked_fill(~head_mask, 0)
     return ChunkKV(keys=keys * head_mask[..., None], values=values * head_mask[..., None], token_ids=list(token_ids),

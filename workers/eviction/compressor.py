@@ -59,13 +59,6 @@ def _unpack(cache: KVCache) -> None:
     cache.layers[:] = [unpack_heads(kv) for kv in cache.layers]
 
 
-def _valid(kv: LayerKV) -> torch.Tensor:
-    """[Hkv, T] real entries."""
-    if kv.head_mask is not None:
-        return kv.head_mask
-    return torch.ones(kv.keys.shape[:2], dtype=torch.bool, device=kv.keys.device)
-
-
 class Compressor:
     def __init__(self, policy: Policy | None, spec: CompressionSpec, num_layers: int, head_dim: int,
                  prefix_len: int, prompt_len: int, budget: int, inv_freq: torch.Tensor | None = None,
@@ -120,7 +113,7 @@ class Compressor:
         state = self._states[layer]
         use = state.queries is not None and queries > 0
         return ScoreContext(
-            layer=layer, kv=kv, valid=_valid(kv),
+            layer=layer, kv=kv, valid=kv.valid_mask(),
             queries=state.queries[:, -queries:] if use else None,
             q_positions=state.q_positions[-queries:] if use else None,
             accumulated=_pad_slots(state.accumulated, kv.num_tokens, 0.0), scale=self.scale, free=0,
@@ -130,9 +123,8 @@ class Compressor:
         """[Hkv, T] protected entries; computed from logical positions the first time, then carried."""
         state = self._states[layer]
         if state.protected is None:
-            positions = kv.positions if kv.positions.dim() == 2 else kv.positions[None].expand(kv.keys.shape[0], -1)
-            state.protected = protected_mask(positions, self.spec.sink_tokens, self.prefix_len,
-                                             self.spec.protected_spans) & _valid(kv)
+            state.protected = protected_mask(kv.head_positions(), self.spec.sink_tokens, self.prefix_len,
+                                             self.spec.protected_spans) & kv.valid_mask()
         state.protected = _pad_slots(state.protected, kv.num_tokens, False)
         return state.protected
 
@@ -163,14 +155,14 @@ class Compressor:
 
     def _over_budget(self, kv: LayerKV, budget: int) -> bool:
         if self.policy.per_head or kv.positions.dim() == 2:
-            return int(_valid(kv).sum()) > budget * kv.keys.shape[0]
+            return int(kv.valid_mask().sum()) > budget * kv.keys.shape[0]
         return kv.num_tokens > budget
 
     @torch.inference_mode()
     def plan(self, cache: KVCache) -> list[torch.Tensor]:
         """Keep masks [Hkv, T] per layer (no change to the cache)."""
         if self.policy is None:
-            return [_valid(kv) for kv in cache.layers]
+            return [kv.valid_mask() for kv in cache.layers]
         _unpack(cache)
         queries = self.queries
         contexts = [self._context(i, cache.layers[i], queries) for i in range(self.num_layers)]
@@ -215,7 +207,7 @@ class Compressor:
         """Evict to budget after prefill (to `keeps` when given: a plan() of this cache);
         returns stats (bytes before/after, evicted, L1 loss / bound)."""
         before = cache.nbytes()
-        slots_before = [int(_valid(kv).sum()) for kv in cache.layers]
+        slots_before = [int(kv.valid_mask().sum()) for kv in cache.layers]
         losses, bounds = [], []
         keeps = self.plan(cache) if keeps is None else keeps
         for i, keep in enumerate(keeps):
@@ -227,8 +219,8 @@ class Compressor:
                 bounds.append(bound.mean())
             if not bool(keep.all()):
                 self._apply(cache, i, keep)
-        heads = _valid(cache.layers[0]).shape[0]
-        kept = [int(_valid(kv).sum()) for kv in cache.layers]
+        heads = cache.layers[0].keys.shape[0]
+        kept = [int(kv.valid_mask().sum()) for kv in cache.layers]
         protected = int(self._protected(0, cache.layers[0])[0].sum()) if self.policy is not None else 0
         self._max_cache_tokens = max(kv.num_tokens for kv in cache.layers)  # the longest head
         if self.packs:

@@ -45,26 +45,17 @@ def group_max(attn: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return attn.reshape(num_kv_heads, groups * attn.shape[1], attn.shape[2]).amax(dim=1)
 
 
-def _positions2d(kv: LayerKV) -> torch.Tensor:
-    return kv.positions if kv.positions.dim() == 2 else kv.positions[None].expand(kv.keys.shape[0], -1)
-
-
 def visible_layer(kv: LayerKV, sink_tokens: int, start: int, end: int) -> tuple[LayerKV, torch.Tensor | None]:
     """The layer as one reconstruction piece sees it: only the sinks and positions [start, end).
 
     -> (view, slots): a shared layout is sliced to those slots (slots [S] = their indices in `kv`); a
     per-head layout keeps every slot and masks the others (slots None)."""
-    positions = _positions2d(kv)
+    positions = kv.head_positions()
     visible = (positions < sink_tokens) | ((positions >= start) & (positions < end))
     if kv.head_mask is not None or kv.positions.dim() == 2:
-        return LayerKV(kv.keys, kv.values, kv.positions, head_mask=visible & _valid(kv)), None
+        return LayerKV(kv.keys, kv.values, kv.positions, head_mask=visible & kv.valid_mask()), None
     slots = visible[0].nonzero().flatten()
     return LayerKV(kv.keys[:, slots], kv.values[:, slots], kv.positions[slots]), slots
-
-
-def _valid(kv: LayerKV) -> torch.Tensor:
-    return kv.head_mask if kv.head_mask is not None else torch.ones(kv.keys.shape[:2], dtype=torch.bool,
-                                                                      device=kv.keys.device)
 
 
 def repeat_prompt(runner, token_ids: list[int], context_start: int, start: int, end: int) -> list[int]:
@@ -91,7 +82,7 @@ def reconstruction_scores(runner, cache: KVCache, token_ids: list[int], context:
     scale = runner.layers[0].self_attn.scaling
     out = []
     for kv in cache.layers:
-        positions = _positions2d(kv)
+        positions = kv.head_positions()
         outside = (positions < start) | (positions >= end)
         out.append(torch.zeros(kv.keys.shape[:2], dtype=torch.float32, device=kv.keys.device)
                    .masked_fill(outside, float("inf")))
@@ -101,7 +92,7 @@ def reconstruction_scores(runner, cache: KVCache, token_ids: list[int], context:
         views = [visible_layer(kv, sink_tokens, a, b) for kv in cache.layers]
         view = KVCache([v for v, _ in views])
         widths = [v.num_tokens for v, _ in views]  # the view's own slots come first; the repeat's K/V follow
-        in_piece = [((p := _positions2d(kv)) >= a) & (p < b) for kv in cache.layers]
+        in_piece = [((p := kv.head_positions()) >= a) & (p < b) for kv in cache.layers]
 
         def observe(layer: int, q: torch.Tensor, q_positions: torch.Tensor, kv: LayerKV) -> None:
             best = torch.zeros(kv.keys.shape[0], widths[layer], dtype=torch.float32, device=kv.keys.device)

@@ -51,8 +51,7 @@ class ScoreContext:
 
     def positions2d(self) -> torch.Tensor:
         """[Hkv, T] positions (broadcast for a shared layout)."""
-        p = self.kv.positions
-        return p if p.dim() == 2 else p[None].expand(self.num_kv_heads, -1)
+        return self.kv.head_positions()
 
     def recency(self) -> torch.Tensor:
         """[Hkv, T] float score: later position = higher."""

@@ -62,7 +62,7 @@ def keep_slots(kv: LayerKV, keep: torch.Tensor) -> tuple[LayerKV, torch.Tensor, 
         slots = idx[0]
         return LayerKV(kv.keys[:, slots].contiguous(), kv.values[:, slots].contiguous(),
                        kv.positions[slots].contiguous()), idx, valid
-    positions = kv.positions if kv.positions.dim() == 2 else kv.positions[None].expand(keep.shape[0], -1)
+    positions = kv.head_positions()
     vmask = valid[..., None]
     keys = gather_slots(kv.keys, idx) * vmask
     values = gather_slots(kv.values, idx) * vmask
@@ -79,19 +79,19 @@ def pack_heads(kv: LayerKV) -> LayerKV:
         return kv
     heads = kv.keys.shape[0]
     head, slot = kv.head_mask.nonzero(as_tuple=True)  # [N] each, head-major and in slot order
-    positions = kv.positions if kv.positions.dim() == 2 else kv.positions[None].expand(heads, -1)
     owner = torch.zeros(heads, head.numel(), dtype=torch.bool, device=kv.keys.device)
     owner[head, torch.arange(head.numel(), device=kv.keys.device)] = True
-    return LayerKV(kv.keys[head, slot][None], kv.values[head, slot][None], positions[head, slot], head_mask=owner)
+    return LayerKV(kv.keys[head, slot][None], kv.values[head, slot][None], kv.head_positions()[head, slot],
+                   head_mask=owner)
 
 
 def unpack_heads(kv: LayerKV) -> LayerKV:
     """A packed layer -> the padded per-head layout (each head's entries compacted in order); others as is."""
     if not kv.packed:
         return kv
-    heads = kv.head_mask.shape[0]
-    spread = LayerKV(kv.keys.expand(heads, -1, -1), kv.values.expand(heads, -1, -1),
-                     kv.positions[None].expand(heads, -1), head_mask=kv.head_mask)
+    heads = kv.kv_heads
+    spread = LayerKV(kv.keys.expand(heads, -1, -1), kv.values.expand(heads, -1, -1), kv.head_positions(),
+                     head_mask=kv.head_mask)
     return keep_slots(spread, kv.head_mask)[0]
 
 
