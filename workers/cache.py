@@ -67,41 +67,50 @@ class LayerKV:
         return total + (self.head_mask.nbytes if self.head_mask is not None else 0)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
-        """Add tokens at the end. The layer keeps buffers with room to spare, so a decode step writes one
-        token in place instead of copying the whole layer (torch.cat). Only buffers this layer allocated
-        itself, still behind the very tensors it last set, are written in place: a LayerKV built over
-        another's tensors, or whose tensors were replaced, copies into fresh buffers first."""
+        """Add tokens keys/values [Hkv, S, D] at positions [S] at the end (see reserve)."""
+        key_slots, value_slots = self.reserve(positions, keys.dtype, values.dtype)
+        key_slots.copy_(keys)
+        value_slots.copy_(values)
+
+    def reserve(self, positions: torch.Tensor, key_dtype: torch.dtype | None = None,
+                value_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Grow by tokens at `positions` [S] and return their key and value slots [Hkv, S, D], to be
+        written by the caller (the decode step writes them inside its layer function).
+
+        The layer keeps buffers with room to spare, so a decode step adds a token in place instead of
+        copying the whole layer (torch.cat). Only buffers this layer allocated itself, still behind the
+        very tensors it last set, are written in place: a LayerKV built over another's tensors, or whose
+        tensors were replaced, copies into fresh buffers first. A packed layer adds one entry per kv head
+        and token, owned by that head."""
+        heads, seq = self.kv_heads, positions.shape[0]
         fresh = None
-        if self.packed:  # one entry per kv head and token, owned by that head
-            keys, values, positions, fresh = packed_entries(keys, values, positions)
-        elif self.positions.dim() == 2:  # per-head layout: every head gets the new tokens
-            positions = positions[None, :].expand(self.positions.shape[0], -1)
-        new = (keys, values, positions)
-        length, added = self.keys.shape[1], keys.shape[1]
+        if self.packed:  # head-major entries: head h's S tokens, then head h + 1's
+            added, positions = heads * seq, positions.repeat(heads)
+            fresh = torch.eye(heads, dtype=torch.bool, device=positions.device).repeat_interleave(seq, dim=1)
+        else:
+            added = seq
+            if self.positions.dim() == 2:  # per-head layout: every head gets the new tokens
+                positions = positions[None, :].expand(heads, -1)
+        dtypes = (key_dtype or self.keys.dtype, value_dtype or self.values.dtype, positions.dtype)
+        length = self.keys.shape[1]
         room = self._room
         if not (room is not None and room.views[0] is self.keys and room.views[1] is self.values
                 and room.views[2] is self.positions and length + added <= room.capacity
-                and all(b.dtype == n.dtype for b, n in zip(room.buffers, new))):
-            room = self._room = _Room.around((self.keys, self.values, self.positions), new)
-        room.buffers[0][:, length:length + added] = keys
-        room.buffers[1][:, length:length + added] = values
-        room.buffers[2][..., length:length + added] = positions
-        room.views = (room.buffers[0][:, :length + added], room.buffers[1][:, :length + added],
-                      room.buffers[2][..., :length + added])
+                and all(b.dtype == d for b, d in zip(room.buffers, dtypes))):
+            room = self._room = _Room.around((self.keys, self.values, self.positions), added, dtypes)
+        keys, values, all_positions = room.buffers
+        all_positions[..., length:length + added] = positions
+        end = length + added
+        room.views = (keys[:, :end], values[:, :end], all_positions[..., :end])
         self.keys, self.values, self.positions = room.views
         if self.head_mask is not None:
             if fresh is None:
-                fresh = torch.ones(keys.shape[0], keys.shape[1], dtype=torch.bool, device=keys.device)
+                fresh = torch.ones(heads, added, dtype=torch.bool, device=keys.device)
             self.head_mask = torch.cat([self.head_mask, fresh], dim=1)
-
-
-def packed_entries(keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
-    """New tokens keys/values [Hkv, S, D] at positions [S] -> the packed layout's entries, head-major:
-    (keys [1, Hkv*S, D], values, positions [Hkv*S], owner [Hkv, Hkv*S] bool)."""
-    heads, seq, dim = keys.shape
-    owner = torch.eye(heads, dtype=torch.bool, device=keys.device).repeat_interleave(seq, dim=1)
-    return (keys.reshape(1, heads * seq, dim), values.reshape(1, heads * seq, dim),
-            positions.repeat(heads), owner)
+        if self.packed:
+            dim = keys.shape[-1]
+            return keys[0, length:end].view(heads, seq, dim), values[0, length:end].view(heads, seq, dim)
+        return keys[:, length:end], values[:, length:end]
 
 
 @dataclass
@@ -114,16 +123,17 @@ class _Room:
     capacity: int
 
     @classmethod
-    def around(cls, current: tuple, new: tuple) -> "_Room":
-        """Fresh buffers holding `current`, with room for `new` and GROWTH_TOKENS more."""
+    def around(cls, current: tuple, added: int, dtypes: tuple) -> "_Room":
+        """Fresh buffers holding `current`, with room for `added` entries (of `dtypes`) and
+        GROWTH_TOKENS more."""
         length = current[0].shape[1]
-        capacity = length + new[0].shape[1] + GROWTH_TOKENS
+        capacity = length + added + GROWTH_TOKENS
         buffers = []
-        for i, (now, extra) in enumerate(zip(current, new)):
+        for i, (now, dtype) in enumerate(zip(current, dtypes)):
             dim = 1 if i < 2 else now.dim() - 1  # keys/values: tokens on dim 1; positions: the last
             shape = list(now.shape)
             shape[dim] = capacity
-            buffer = now.new_empty(shape, dtype=torch.promote_types(now.dtype, extra.dtype))
+            buffer = now.new_empty(shape, dtype=torch.promote_types(now.dtype, dtype))
             buffer.narrow(dim, 0, length).copy_(now)
             buffers.append(buffer)
         return cls(tuple(buffers), current, capacity)

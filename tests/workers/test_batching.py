@@ -12,6 +12,7 @@ import torch
 
 from workers.batching.linear import DECODE_KERNELS, pack_int4, q4_groups
 from workers.batching.scheduler import BatchConfig
+from workers.batching.layer import decode_layer_eager
 from workers.batching.step import decode_step, rope_matrix
 from workers.cache import KVCache, LayerKV
 from workers.engine import Engine, EngineConfig
@@ -90,6 +91,20 @@ def test_step_row_is_the_same_alone_and_in_a_batch(runner, prefilled, kernel):
     batch = decode_step(runner, weights, [token, 17, 99], [n, 9, n], [_clone(cache), short, _clone(cache)])
     assert torch.equal(batch[0], alone[0])
     assert not torch.equal(batch[1], alone[0])  # the other rows really were different requests
+
+
+@pytest.mark.parametrize("kernel", sorted(DECODE_KERNELS))
+def test_scripted_layer_equals_the_eager_source(runner, prefilled, kernel):
+    """decode_layer is TorchScript's compile of decode_layer_eager: same logits, same cache writes."""
+    cache, token, n = prefilled
+    weights = runner.decode_weights(kernel, 4)
+    scripted, eager = [_clone(cache), _clone(cache)], [_clone(cache), _clone(cache)]
+    for step in range(2):
+        a = decode_step(runner, weights, [token + step, 17], [n + step, n], scripted)
+        b = decode_step(runner, weights, [token + step, 17], [n + step, n], eager, layer_fn=decode_layer_eager)
+        assert torch.equal(a, b)
+    assert all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values)
+               for c, d in zip(scripted, eager) for x, y in zip(c.layers, d.layers))
 
 
 def test_cache_grows_in_place_and_never_into_a_shared_buffer():

@@ -15,13 +15,15 @@ greedy tokens would depend on who it was batched with:
            halves), is handled the same way when exact, else falls back to fp32.
 
 `DecodeLinear.__call__(x [M, K]) -> [M, N]` in the kernel's own dtype (fp32 or bf16): the caller adds
-it into an fp32 residual in place, or casts it, so no extra conversion is paid.
+it into an fp32 residual in place, or casts it, so no extra conversion is paid. The arithmetic is
+one plain function, `apply_linear(x, kind, tensors, pad_rows)`, that the scripted decode layer
+(layer.py) calls with a kernel's `kind` and `tensors`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, List
 
 import torch
 
@@ -39,11 +41,40 @@ def decode_kernel(name: str):
     return wrap
 
 
+PADDED_GEMM, INT4_PARTS = 0, 1  # apply_linear's kinds (TorchScript reads no globals: it spells them 0, 1, 32)
+
+
+def apply_linear(x: torch.Tensor, kind: int, tensors: List[torch.Tensor], pad_rows: int) -> torch.Tensor:
+    """x [M, K] -> [M, N]. PADDED_GEMM: tensors = [weight [N, K]], rows padded to a multiple of
+    `pad_rows`. INT4_PARTS: tensors = [packed, scale_zero] per 4-bit part, summed in fp32 when there
+    are several (bf16 activations). TorchScript-compatible (layer.py scripts its callers)."""
+    if kind == 0:  # PADDED_GEMM
+        weight = tensors[0]
+        rows = x.shape[0]
+        padded = (rows + pad_rows - 1) // pad_rows * pad_rows
+        if padded != rows:
+            x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
+        return torch.mm(x.to(weight.dtype), weight.t())[:rows]
+    x = x.to(torch.bfloat16)
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, tensors[0], 32, tensors[1])  # INT4_PARTS, GROUP
+    if len(tensors) == 2:
+        return out
+    out = out.float()
+    for i in range(2, len(tensors), 2):
+        out += torch.ops.aten._weight_int4pack_mm_for_cpu(x, tensors[i], 32, tensors[i + 1])
+    return out
+
+
 class DecodeLinear:
+    """A weight matrix in a decode kernel's form: `kind` and `tensors` are apply_linear's arguments."""
+
     kernel: str = "?"
+    kind: int
+    tensors: List[torch.Tensor]
+    pad_rows: int = 1
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        return apply_linear(x, self.kind, self.tensors, self.pad_rows)
 
 
 @dataclass
@@ -54,12 +85,8 @@ class PaddedLinear(DecodeLinear):
     pad_rows: int
     kernel: str = "fp32"
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        padded = -(-rows // self.pad_rows) * self.pad_rows
-        if padded != rows:
-            x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
-        return (x.to(self.weight.dtype) @ self.weight.T)[:rows]
+    def __post_init__(self) -> None:
+        self.kind, self.tensors = PADDED_GEMM, [self.weight]
 
 
 def q4_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -111,19 +138,9 @@ class Int4Linear(DecodeLinear):
     parts: list[Int4Part]
     kernel: str = "int4"
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(torch.bfloat16)
-        if len(self.parts) == 1:
-            return _int4_mm(x, self.parts[0])
-        out = _int4_mm(x, self.parts[0]).float()
-        for part in self.parts[1:]:
-            out += _int4_mm(x, part)
-        return out
-
-
-def _int4_mm(x: torch.Tensor, part: Int4Part) -> torch.Tensor:
-    """x [M, K] bf16 -> [M, N] bf16."""
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, part.packed, GROUP, part.scale_zero)
+    def __post_init__(self) -> None:
+        self.kind = INT4_PARTS
+        self.tensors = [t for part in self.parts for t in (part.packed, part.scale_zero)]
 
 
 def pack_int4(weight: torch.Tensor) -> Int4Linear | None:

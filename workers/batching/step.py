@@ -1,40 +1,41 @@
 """One decode step for a batch of requests: every running request's next token in one forward.
 
 The projections and the MLP run once over all rows ([B, hidden]) through batch-invariant kernels
-(linear.py), so the weights are read once per step, not once per request. Attention runs per row,
+(linear.py), so the weights are read once per step, not once per request. Each layer is one
+scripted function (layer.py); this file builds its arguments and walks the layers. Attention runs per row,
 each over its own position-tagged cache, so blended, evicted and per-head caches work unchanged,
 and a row's arithmetic is the same in a batch of 16 as alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
 from kvstore.rope import rope_cos_sin
+from workers.batching.layer import decode_layer, rms_norm
 from workers.batching.linear import DECODE_KERNELS, DecodeLinear
 from workers.cache import KVCache
 
 
 @dataclass
 class Norm:
-    """An RMSNorm's weight and epsilon (the module itself when it is not a plain LlamaRMSNorm)."""
+    """An RMSNorm's weight and epsilon."""
 
     weight: torch.Tensor
-    eps: float | None
-    module: torch.nn.Module
+    eps: float
 
     @classmethod
     def of(cls, module: torch.nn.Module) -> "Norm":
-        return cls(module.weight, getattr(module, "variance_epsilon", None), module)
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        if eps is None:
+            raise ValueError(f"decode step: {type(module).__name__} is not an RMSNorm with an epsilon")
+        return cls(module.weight.detach(), float(eps))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [B, hidden]: LlamaRMSNorm's arithmetic in fewer ops."""
-        if self.eps is None or x.dtype != torch.float32:
-            return self.module(x)
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 @dataclass
@@ -49,8 +50,16 @@ class DecodeLayer:
     input_norm: Norm
     post_norm: Norm
     scaling: float
-    act: Callable[[torch.Tensor], torch.Tensor]
-    qk_norms: tuple | None  # Qwen3: per-head norms of q and k before RoPE
+    qk_norms: tuple[Norm, Norm] | None  # Qwen3: per-head norms of q and k before RoPE
+
+    def arguments(self) -> tuple:
+        """decode_layer's weight arguments, in its order (built once)."""
+        linears = (self.qkv, self.o, self.gate_up, self.down)
+        pad_rows = max(lin.pad_rows for lin in linears)
+        qk_norms = [self.qk_norms[0].weight, self.qk_norms[1].weight] if self.qk_norms else []
+        return ([self.input_norm.weight, self.post_norm.weight], self.input_norm.eps, [lin.kind for lin in linears],
+                [lin.tensors for lin in linears], pad_rows, self.qkv_bias, qk_norms,
+                self.qk_norms[0].eps if self.qk_norms else 0.0)
 
 
 @dataclass
@@ -62,6 +71,10 @@ class DecodeWeights:
     lm_head: DecodeLinear
     final_norm: Norm
     intermediate: int  # MLP width: gate_up's first half is the gate
+    arguments: list[tuple] = field(default_factory=list)  # per layer: DecodeLayer.arguments()
+
+    def __post_init__(self) -> None:
+        self.arguments = [layer.arguments() for layer in self.layers]
 
     def kernels_used(self) -> dict[str, int]:
         """How many matrices each kernel serves (a matrix that does not pack exactly falls back to fp32)."""
@@ -73,6 +86,9 @@ class DecodeWeights:
 
 def build_decode_weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
     make = DECODE_KERNELS[kernel]
+    act = getattr(runner.model.config, "hidden_act", "silu")
+    if act != "silu":  # decode_layer's MLP; every supported (Llama-family) architecture uses it
+        raise ValueError(f"decode step: MLP activation {act!r} is not 'silu'")
     layers = []
     for block in runner.layers:
         attn, mlp = block.self_attn, block.mlp
@@ -80,21 +96,23 @@ def build_decode_weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
         bias = None
         if attn.q_proj.bias is not None:
             bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach().float()
-        norms = (attn.q_norm, attn.k_norm) if getattr(attn, "q_norm", None) is not None else None
+        norms = (Norm.of(attn.q_norm), Norm.of(attn.k_norm)) if getattr(attn, "q_norm", None) is not None else None
         layers.append(DecodeLayer(make(qkv, pad_rows), bias, make(attn.o_proj.weight, pad_rows),
                                   make(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), pad_rows),
                                   make(mlp.down_proj.weight, pad_rows), Norm.of(block.input_layernorm),
-                                  Norm.of(block.post_attention_layernorm), attn.scaling, mlp.act_fn, norms))
+                                  Norm.of(block.post_attention_layernorm), float(attn.scaling), norms))
     return DecodeWeights(kernel, layers, make(runner.model.lm_head.weight, pad_rows), Norm.of(runner.model.model.norm),
                          runner.layers[0].mlp.gate_proj.weight.shape[0])
 
 
 @torch.inference_mode()
 def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positions: Sequence[int],
-                caches: Sequence[KVCache], observers: Sequence | None = None) -> torch.Tensor:
+                caches: Sequence[KVCache], observers: Sequence | None = None, layer_fn=decode_layer) -> torch.Tensor:
     """Row b: token_ids[b] at positions[b] appended to caches[b] -> logits [B, vocab] (fp32).
 
-    observers[b] (or None) sees row b's queries and KV per layer, as in ModelRunner.forward."""
+    observers[b] (or None) sees row b's queries and KV per layer, as in ModelRunner.forward (after
+    the layer: attention only reads the cache). `layer_fn` is decode_layer (scripted) or
+    decode_layer_eager (the same source)."""
     shape, device = runner.shape, runner.device
     rows, heads, kv_heads, head_dim = len(token_ids), shape.num_heads, shape.num_kv_heads, shape.head_dim
     observers = observers or [None] * rows
@@ -102,29 +120,15 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
     row_pos = [pos[b:b + 1] for b in range(rows)]
     hidden = runner.embed(torch.tensor(list(token_ids), device=device))  # [B, hidden]
     rotation = rope_matrix(pos, runner.inv_freq.to(device), runner.rope_scale).to(hidden.dtype)  # [B, D, D]
-    qk_width, half = (heads + kv_heads) * head_dim, weights.intermediate
-    layer_caches = [cache.layers for cache in caches]
-    for index, layer in enumerate(weights.layers):
-        qkv = layer.qkv(layer.input_norm(hidden)).float().to(hidden.dtype)  # [B, (Hq + 2 Hkv) * D]
-        if layer.qkv_bias is not None:
-            qkv = qkv + layer.qkv_bias
-        qk = qkv[:, :qk_width].view(rows, heads + kv_heads, head_dim)  # [B, Hq + Hkv, D]
-        v = qkv[:, qk_width:].view(rows, kv_heads, 1, head_dim)  # [B, Hkv, 1, D]
-        if layer.qk_norms is not None:
-            qk = torch.cat([layer.qk_norms[0](qk[:, :heads]), layer.qk_norms[1](qk[:, heads:])], dim=1)
-        qk = torch.bmm(qk, rotation)  # row b rotated at positions[b]
-        q, k = qk[:, :heads], qk[:, heads:, None]  # [B, Hq, D], [B, Hkv, 1, D]
-        scaled = q * layer.scaling
-        outs = []
-        for b in range(rows):
-            kv = layer_caches[b][index]
-            kv.append(k[b], v[b], row_pos[b])
-            if observers[b] is not None:
-                observers[b](index, q[b][:, None], row_pos[b], kv)
-            outs.append(attend_newest(scaled[b], kv.keys, kv.values, kv.head_mask))
-        hidden.add_(layer.o(torch.stack(outs) if rows > 1 else outs[0][None]))
-        gate_up = layer.gate_up(layer.post_norm(hidden))  # [B, 2 I]
-        hidden.add_(layer.down(layer.act(gate_up[:, :half].float()) * gate_up[:, half:]))
+    for index, (layer, arguments) in enumerate(zip(weights.layers, weights.arguments)):
+        kvs = [cache.layers[index] for cache in caches]
+        slots = [kv.reserve(row_pos[b], hidden.dtype, hidden.dtype) for b, kv in enumerate(kvs)]
+        q = layer_fn(hidden, rotation, *arguments, heads, kv_heads, head_dim, weights.intermediate, layer.scaling,
+                     [kv.keys for kv in kvs], [kv.values for kv in kvs], [kv.head_mask for kv in kvs],
+                     [slot[0] for slot in slots], [slot[1] for slot in slots])
+        for b, observer in enumerate(observers):
+            if observer is not None:
+                observer(index, q[b][:, None], row_pos[b], kvs[b])
     return weights.lm_head(weights.final_norm(hidden)).float()
 
 
@@ -143,22 +147,3 @@ def rope_matrix(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 
     rotation[:, j, j + half] = sin[:, half:]
     return rotation
 
-
-def attend_newest(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  head_mask: torch.Tensor | None) -> torch.Tensor:
-    """The newest token's attention: q [Hq, D] (already scaled) over keys/values [Hkv, T, D] -> [Hq * D].
-
-    It sees every cached token (all are at earlier positions), so only per-head eviction masks.
-    Two small matmuls per GQA group: at one query row this beats the fused SDPA kernel.
-    A packed layer (keys [1, N, D], head_mask [Hkv, N]) is one group of all Hq heads, each masked to
-    the entries its kv head owns."""
-    kv_heads, num_tokens, head_dim = keys.shape
-    scores = torch.matmul(q.reshape(kv_heads, -1, head_dim), keys.transpose(1, 2))  # [Hkv, G, T]
-    if head_mask is not None:  # [Hkv, T]
-        visible = (head_mask[:, None, :] if head_mask.shape[0] == kv_heads  # [Hkv, 1, T]
-                   else head_mask.repeat_interleave(q.shape[0] // head_mask.shape[0], dim=0)[None])  # [1, Hq, N]
-        scores = scores.masked_fill(~visible, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    if weights.dtype != values.dtype:
-        weights = weights.to(values.dtype)
-    return torch.matmul(weights, values).reshape(-1)  # [Hkv, G, D] -> [Hq * D]
