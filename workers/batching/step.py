@@ -71,7 +71,7 @@ class DecodeWeights:
     lm_head: DecodeLinear
     final_norm: Norm
     intermediate: int  # MLP width: gate_up's first half is the gate
-    arguments: list[tuple] = field(default_factory=list)  # per layer: DecodeLayer.arguments()
+    arguments: list[tuple] = field(init=False)  # per layer: DecodeLayer.arguments(), derived from `layers`
 
     def __post_init__(self) -> None:
         self.arguments = [layer.arguments() for layer in self.layers]
