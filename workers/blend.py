@@ -27,6 +27,7 @@ import torch
 
 from kvstore.kv import ChunkKV
 from workers.cache import KVCache, LayerKV
+from workers.drift import key_drift, shift_keys, shift_values, value_drift
 from workers.eviction.chunks import place_chunk
 from workers.prompt import PromptLayout
 from workers.selection import (Selection, SelectionContext, kv_deviation, make_selection,  # noqa: F401
@@ -44,11 +45,12 @@ class BlendConfig:
     gradual_steps: int = 3  # gradual: layers over which the set narrows to the budget
     probe_layers: int | None = None  # attention: layers of the question probe (None = all)
     key_scale: float = 1.0  # attention temperature on reused chunk keys (APE-style); 1 = off
+    drift: bool = False  # shift the stored K/V that are not recomputed by the recomputed ones' drift (drift.py)
 
     @property
     def name(self) -> str:
-        """`METHOD@RATIO`, as the quality suite spells a blend config."""
-        return f"{self.method}@{self.recompute_ratio:g}"
+        """`METHOD@RATIO[:drift]`, as the quality suite spells a blend config."""
+        return f"{self.method}@{self.recompute_ratio:g}" + (":drift" if self.drift else "")
 
 
 def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[ChunkKV]) -> tuple[KVCache, torch.Tensor]:
@@ -83,6 +85,33 @@ def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[Chun
     return cache, computed
 
 
+class DriftRepair:
+    """One layer's drift repair (workers/drift.py): remembers the stored K/V of the chunk tokens about to
+    be recomputed; once their fresh K/V are written, shifts the other stored K/V of each chunk by the
+    mean drift of that chunk's recomputed tokens (of all recomputed tokens where a chunk has none)."""
+
+    def __init__(self, runner, layout: PromptLayout, kv: LayerKV, chunk_tokens: torch.Tensor, active: torch.Tensor):
+        self.inv_freq, self.num_chunks = runner.inv_freq, len(layout.chunk_spans)
+        starts = torch.tensor([start for start, _ in layout.chunk_spans], device=chunk_tokens.device)
+        self.recomputed = chunk_tokens[torch.isin(chunk_tokens, active)]  # [R] prompt indices
+        self.stored = chunk_tokens[~torch.isin(chunk_tokens, active)]  # [S] keep their stored K/V here
+        self.chunk_of_recomputed = torch.bucketize(self.recomputed, starts, right=True) - 1  # [R] chunk index
+        self.chunk_of_stored = torch.bucketize(self.stored, starts, right=True) - 1  # [S]
+        self.keys = kv.keys[:, self.recomputed].clone()  # [Hkv, R, D] stored, before the recompute
+        self.values = kv.values[:, self.recomputed].clone()
+
+    def __call__(self, layer: int, kv: LayerKV) -> None:
+        if self.recomputed.numel() == 0 or self.stored.numel() == 0:
+            return
+        fresh, held = self.recomputed, None if kv.head_mask is None else kv.head_mask[:, self.recomputed]
+        chunks = (self.chunk_of_recomputed, self.num_chunks, held)
+        keys = key_drift(kv.keys[:, fresh], self.keys, kv.positions[fresh], self.inv_freq, *chunks)  # [Hkv, C, D]
+        values = value_drift(kv.values[:, fresh], self.values, *chunks)
+        rest, mine = self.stored, self.chunk_of_stored
+        kv.keys[:, rest] = shift_keys(kv.keys[:, rest], keys[:, mine], kv.positions[rest], self.inv_freq)
+        kv.values[:, rest] = shift_values(kv.values[:, rest], values[:, mine])
+
+
 @torch.inference_mode()
 def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.Tensor, config: BlendConfig,
                   observer=None, reuse: bool = False) -> tuple[torch.Tensor, dict]:
@@ -113,12 +142,17 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
         keep = method.keep(layer, ctx, hidden, active)
         if keep is not None:
             hidden, active = hidden[torch.searchsorted(active, keep)], keep
-        hidden = runner.layer_forward(layer, hidden, positions[active], cache, slots=active, observer=observer)
+        repair = None
+        if config.drift and not reuse:
+            repair = DriftRepair(runner, layout, cache.layers[layer], chunk_tokens, active)
+        hidden = runner.layer_forward(layer, hidden, positions[active], cache, slots=active, observer=observer,
+                                      repair=repair)
         token_layers += active.numel()
     logits = runner.logits(hidden[-1:])
     stats = {"recomputed_tokens": int(torch.isin(active, chunk_tokens).sum()),
              "always_computed_tokens": int(ctx.always.numel()),
              "check_layer": config.check_layer, "blend_method": "reuse" if reuse else config.method,
+             "key_drift": bool(config.drift and not reuse),
              "recompute_ratio": 0.0 if reuse else config.recompute_ratio,
              # token-layers run, against a full prefill's (a deterministic compute cost)
              "compute_fraction": token_layers / (layout.num_tokens * runner.shape.num_layers)}

@@ -67,18 +67,20 @@ class Score:
     families: dict[str, float] = field(default_factory=dict)  # family -> accuracy
 
 
-def default_candidates() -> list[BlendConfig]:
-    """Methods x ratios swept by `ragkv calibrate` (cheapest first within a method)."""
+def default_candidates(drift: bool = False) -> list[BlendConfig]:
+    """Methods x ratios swept by `ragkv calibrate` (cheapest first within a method); `drift`: each also with
+    the drift repair (opt-in: it loses the answer chunk on the blend bench's set, README "Key drift")."""
     ratios = (0.05, 0.1, 0.15, 0.2, 0.3, 0.45)
-    methods = ("deviation", "gradual", "legolink", "legolink-deviation", "attention", "legolink-attention")
-    return [BlendConfig(recompute_ratio=r, method=m) for m in methods for r in ratios]
+    methods = ("deviation", "gradual", "legolink", "legolink-deviation", "attention", "legolink-attention", "strided")
+    drifts = (False, True) if drift else (False,)
+    return [BlendConfig(recompute_ratio=r, method=m, drift=d) for m in methods for d in drifts for r in ratios]
 
 
 def config_key(config: BlendConfig) -> str:
-    """A stable name for a candidate: METHOD@RATIO plus any non-default parameter."""
+    """A stable name for a candidate: METHOD@RATIO[:drift] plus any other non-default parameter."""
     defaults = asdict(BlendConfig())
     extra = [f"{k}={v}" for k, v in asdict(config).items()
-             if k not in ("method", "recompute_ratio") and v != defaults[k]]
+             if k not in ("method", "recompute_ratio", "drift") and v != defaults[k]]
     return config.name + (f"[{','.join(extra)}]" if extra else "")
 
 

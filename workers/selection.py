@@ -22,8 +22,8 @@ Methods:
 - `legolink`: EPIC's LegoLink (Hu et al., ICML 2025): the first k tokens of every
   chunk from layer 0 (each chunk was computed alone, so its first tokens are
   spurious attention sinks); k = `sink_tokens`, else the ratio share of each chunk;
-- `legolink-deviation`, `legolink-gradual`, `legolink-attention`: the first `sink_tokens` of every chunk,
-  the rest of the budget by the inner method;
+- `legolink-deviation`, `legolink-gradual`, `legolink-attention`, `legolink-chunks`: the first
+  `sink_tokens` of every chunk, the rest of the budget by the inner method;
 - `chunks`: whole chunks, the ones the question attends to most (the `attention` probe), from layer 0;
 - `attention`: the chunk tokens the question attends to most, measured by a cheap
   probe pass of the always-computed tokens over the stored KV, then recomputed from
@@ -238,6 +238,20 @@ class LegoLink(Selection):
         return torch.sort(torch.cat([ctx.always, chunk_heads(ctx.layout, ctx.candidates, k)])).values
 
 
+@selection("strided")
+@dataclass(frozen=True)
+class Strided(Selection):
+    """Every k-th token of every chunk from layer 0, k = 1/ratio: an even sample of each chunk (what the
+    key-drift repair, workers/drift.py, measures each chunk's drift on)."""
+
+    def start(self, ctx):
+        if ctx.budget == 0 or ctx.candidates.numel() == 0:
+            return ctx.always
+        step = ctx.candidates.numel() / ctx.budget
+        picked = ctx.candidates[(torch.arange(ctx.budget, device=ctx.candidates.device) * step).long()]
+        return torch.sort(torch.cat([picked, ctx.always])).values
+
+
 @dataclass(frozen=True)
 class WithSinks(Selection):
     """The first `sink_tokens` (default 4) of every chunk, capped by each chunk's budget share, from layer 0;
@@ -313,3 +327,4 @@ def chunk_scores(layout, attention: torch.Tensor, skip: int) -> torch.Tensor:
 selection("legolink-deviation")(WithSinks.wrapping(Deviation))
 selection("legolink-gradual")(WithSinks.wrapping(Gradual))
 selection("legolink-attention")(WithSinks.wrapping(QuestionAttention))
+selection("legolink-chunks")(WithSinks.wrapping(AttendedChunks))

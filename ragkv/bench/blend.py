@@ -97,9 +97,10 @@ def _generate(engine, query, label: str, setting, max_new_tokens: int):
 
 
 def parse_setting(name: str):
-    """`METHOD@RATIO` (as `blend:METHOD@RATIO` in the quality suite) -> BlendConfig."""
-    method, _, ratio = name.removeprefix("blend:").partition("@")
-    return BlendConfig(recompute_ratio=float(ratio) if ratio else BlendConfig.recompute_ratio, method=method)
+    """`METHOD@RATIO[:drift|:nodrift]` (as `blend:METHOD@RATIO` in the quality suite) -> BlendConfig."""
+    from ragkv.bench.quality.configs import parse_config
+
+    return parse_config("blend:" + name.removeprefix("blend:")).blend_config()
 
 
 def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_new_tokens: int, seed: int,

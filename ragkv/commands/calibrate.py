@@ -20,17 +20,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--families", default=None, help="comma-separated families (default: all)")
     parser.add_argument("--methods", default=None, help="comma-separated selection methods (default: all)")
     parser.add_argument("--ratios", default=None, help="comma-separated recompute ratios")
+    parser.add_argument("--drift", action="store_true",
+                        help="also sweep every setting with the drift repair (README, 'Key drift')")
     parser.add_argument("--force", action="store_true", help="measure again even when a result is stored")
 
 
-def candidates(methods: str | None, ratios: str | None):
+def candidates(methods: str | None, ratios: str | None, drift: bool = False):
     from workers.blend import BlendConfig
     from workers.calibration import default_candidates
 
-    configs = default_candidates()
+    configs = default_candidates(drift)
     chosen_methods = methods.split(",") if methods else list(dict.fromkeys(c.method for c in configs))
     chosen_ratios = [float(r) for r in ratios.split(",")] if ratios else sorted({c.recompute_ratio for c in configs})
-    return [BlendConfig(recompute_ratio=r, method=m) for m in chosen_methods for r in chosen_ratios]
+    drifts = list(dict.fromkeys(c.drift for c in configs))  # without and with the key-drift repair
+    return [BlendConfig(recompute_ratio=r, method=m, drift=d) for m in chosen_methods for d in drifts
+            for r in chosen_ratios]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     runner = ModelRunner.load(args.model, device=args.device)
     prompts = make_prompts("dev", lambda text: len(runner.tokenize(text)),
                            args.families.split(",") if args.families else None, per_family=args.per_family)
-    record = calibrate(runner, prompts, codec, candidates(args.methods, args.ratios), Target(), force=args.force,
-                       progress=lambda line: console.print(line, style="dim"))
+    record = calibrate(runner, prompts, codec, candidates(args.methods, args.ratios, args.drift), Target(),
+                       force=args.force, progress=lambda line: console.print(line, style="dim"))
     table = Table(title=f"blend calibration: {args.model}, codec {codec}, {len(prompts)} dev prompts")
     for column in ("setting", "accuracy", "agreement vs full", "KL vs full", "compute vs full"):
         table.add_column(column)

@@ -115,6 +115,28 @@ def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
         assert data["agreement_vs_full"]["full"] == 1.0 and data["agreement_vs_full"]["blend@1.0"] == 1.0
     assert any(p.endswith(".png") and Path(p).stat().st_size > 0 for p in result["plots"])
     assert "## single_needle" in (tmp_path / "q.md").read_text()
+    _check_merge_gives_back_the_whole_run(result, tmp_path)
+
+
+def _check_merge_gives_back_the_whole_run(result, tmp_path):
+    """Two runs over disjoint families merge into the run over all of them (python -m ragkv.bench.quality)."""
+    from ragkv.bench.quality.__main__ import main as quality_main
+
+    names = sorted(result["families"])
+    paths = []
+    for i, half in enumerate((names[::2], names[1::2])):
+        part = {**result, "families": {n: result["families"][n] for n in half}, "overall": {}, "prompts": len(half)}
+        paths.append(tmp_path / f"part{i}.json")
+        paths[-1].write_text(json.dumps(part))
+    merged_path = tmp_path / "merged.json"
+    assert quality_main(["merge", *map(str, paths), "--json", str(merged_path)]) == 0
+    merged = json.loads(merged_path.read_text())
+    assert merged["families"] == result["families"] and merged["prompts"] == len(names)
+    for metric, values in result["overall"].items():
+        assert merged["overall"][metric] == pytest.approx(values)
+    with pytest.raises(SystemExit) as error:  # the same family twice is refused
+        quality_main(["merge", str(paths[0]), str(paths[0]), "--json", str(merged_path)])
+    assert error.value.code == 2
 
 
 def test_near_duplicate_chunks_overlap_and_hold_one_code(both_splits):
@@ -123,6 +145,14 @@ def test_near_duplicate_chunks_overlap_and_hold_one_code(both_splits):
         assert 1 <= len(holders) <= 2 and holders == list(range(holders[0], holders[0] + len(holders)))
         for a, b in zip(p.chunks, p.chunks[1:]):  # chunk i's second half opens chunk i+1
             assert a[len(a) // 2 + 40:] in b, p.index
+
+
+def test_drift_flag_parses_and_other_flags_are_rejected():
+    assert parse_config("blend:legolink@0.15:drift").blend_config().drift is True
+    assert parse_config("blend:legolink@0.15:nodrift").blend_config().drift is False
+    assert parse_config("blend+lead:legolink@0.3:drift").blend_config().drift is True
+    with pytest.raises(ValueError, match="drift"):
+        parse_config("blend@0.15:bogus")
 
 
 def test_chunk_form_configs_parse():

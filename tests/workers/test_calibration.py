@@ -6,7 +6,7 @@ import pytest
 
 import workers.calibration as calibration
 from workers.blend import BlendConfig
-from workers.calibration import Score, Target, calibrate, choose, load_calibration
+from workers.calibration import Score, Target, calibrate, choose, config_key, load_calibration
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,13 @@ def test_engine_uses_the_calibrated_setting_when_no_ratio_is_given(runner, tmp_p
     assert (stats["blend_setting"], stats["blend_config"]) == ("default", "deviation@0.15")
     engine.close()
     plain.close()
+
+
+def test_drift_candidates_are_opt_in():
+    """`ragkv calibrate` sweeps the drift repair only with --drift (README, "Key drift")."""
+    from ragkv.commands.calibrate import candidates
+
+    plain, both = candidates(None, None), candidates(None, None, drift=True)
+    assert plain and not any(c.drift for c in plain) and len(both) == 2 * len(plain)
+    assert {c.name for c in both} - {c.name for c in plain} == {c.name + ":drift" for c in plain}
+    assert config_key(BlendConfig(recompute_ratio=0.3, method="legolink", drift=True)) == "legolink@0.3:drift"

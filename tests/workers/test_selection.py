@@ -5,6 +5,7 @@ import torch
 
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
+from workers.chunk_forms import compute_chunk
 from workers.prompt import build_prompt
 from workers.selection import SELECTIONS, Gradual, SelectionContext, make_selection
 
@@ -34,17 +35,19 @@ def relative(a, b):
     return float((a - b).abs().max() / b.abs().max())
 
 
+@pytest.mark.parametrize("drift", [False, True])
 @pytest.mark.parametrize("method", sorted(SELECTIONS))
-def test_full_recompute_equals_full_prefill(runner, prompt, method):
-    logits, stats = blend(runner, prompt, BlendConfig(recompute_ratio=1.0, method=method))
+def test_full_recompute_equals_full_prefill(runner, prompt, method, drift):
+    logits, stats = blend(runner, prompt, BlendConfig(recompute_ratio=1.0, method=method, drift=drift))
     assert relative(logits, prompt[3]) < 1e-3
     assert logits.argmax() == prompt[3].argmax()
     assert stats["recomputed_tokens"] == sum(e - s for s, e in prompt[0].chunk_spans)
 
 
+@pytest.mark.parametrize("drift", [False, True])
 @pytest.mark.parametrize("method", sorted(SELECTIONS))
-def test_zero_recompute_equals_reuse(runner, prompt, method):
-    logits, stats = blend(runner, prompt, BlendConfig(recompute_ratio=0.0, method=method))
+def test_zero_recompute_equals_reuse(runner, prompt, method, drift):
+    logits, stats = blend(runner, prompt, BlendConfig(recompute_ratio=0.0, method=method, drift=drift))
     reused, _ = blend(runner, prompt, BlendConfig(), reuse=True)
     assert relative(logits, reused) < 1e-3
     assert stats["recomputed_tokens"] == 0 and stats["blend_method"] == method
@@ -100,6 +103,31 @@ def test_hybrid_keeps_the_chunk_heads_and_fills_the_budget_by_deviation(runner, 
     heads = {i for start, _ in layout.chunk_spans for i in range(start, start + 2)}
     assert heads <= kept and set(ctx.always.tolist()) <= kept
     assert len(kept & set(ctx.candidates.tolist())) == ctx.budget
+
+
+def test_strided_takes_an_even_sample_of_the_chunk_tokens(runner, prompt):
+    ctx = _context(runner, prompt, 0.25)
+    picked = make_selection(BlendConfig(recompute_ratio=0.25, method="strided")).start(ctx)
+    picked = picked[torch.isin(picked, ctx.candidates)]
+    assert picked.numel() == ctx.budget
+    gaps = torch.diff(torch.searchsorted(ctx.candidates, picked))
+    assert int(gaps.min()) >= 3 and int(gaps.max()) <= 5  # every 4th candidate, give or take rounding
+
+
+def test_drift_repair_brings_blend_closer_to_the_full_prefill(runner, prompt):
+    """Chunks in the engine's `lead` form, LegoLink at 30%: shifting the stored K/V by the recomputed
+    tokens' drift lowers the last token's KL to the full prefill's distribution."""
+    layout, prefix, _, full = prompt
+    kvs = [compute_chunk(runner, layout.token_ids[start:end], "lead") for start, end in layout.chunk_spans]
+    kl = {}
+    for drift in (False, True):
+        cache, computed = fuse_chunks(runner, layout, prefix, kvs)
+        logits, stats = blend_prefill(runner, layout, cache, computed,
+                                      BlendConfig(recompute_ratio=0.3, method="legolink", drift=drift))
+        assert stats["key_drift"] is drift
+        kl[drift] = float(torch.nn.functional.kl_div(logits.log_softmax(-1), full.log_softmax(-1), log_target=True,
+                                                     reduction="sum"))
+    assert kl[True] < 0.5 * kl[False]
 
 
 def test_gradual_narrows_from_a_wider_set_to_the_budget(runner, prompt):

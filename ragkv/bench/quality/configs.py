@@ -100,14 +100,15 @@ class Blend(ConfigKind):
     ratio: float | None = None  # None: BlendConfig's default ratio
     reuse: bool = False
     form: str | None = None  # how the chunks were computed (workers/chunk_forms.py); None: the engine's form
+    drift: bool | None = None  # key-drift repair (workers/drift.py); None: the default setting's
 
     @classmethod
     def parse(cls, name, arg, number, flag):
-        if flag:
-            raise ValueError(f"config {name!r}: no flag expected")
+        if flag not in (None, "drift", "nodrift"):
+            raise ValueError(f"config {name!r}: the only flags are :drift and :nodrift")
         if number is not None and not 0.0 <= number <= 1.0:
             raise ValueError(f"config {name!r}: recompute ratio must be in [0, 1]")
-        return cls(name, method=arg, ratio=number)
+        return cls(name, method=arg, ratio=number, drift=None if flag is None else flag == "drift")
 
     def blend_config(self, default: BlendConfig | None = None) -> BlendConfig:
         """`default` (the engine's setting: calibrated, else its config) with this config's method / ratio."""
@@ -116,6 +117,8 @@ class Blend(ConfigKind):
             config = replace(config, recompute_ratio=self.ratio)
         if self.method is not None:
             config = replace(config, method=self.method)
+        if self.drift is not None:
+            config = replace(config, drift=self.drift)
         return config
 
     def chunks(self, ctx):

@@ -85,6 +85,22 @@ def _run(runner, prompts, configs, codec: str, default_blend, progress: bool) ->
                         for family, rows in outcomes.items()}}
 
 
+def merge(parts: list[dict]) -> dict:
+    """One result from runs over disjoint families (run side by side, one per core), as one run writes it."""
+    first = parts[0]
+    if any(p["split"] != first["split"] or p["configs"] != first["configs"] for p in parts):
+        raise ValueError("only runs of the same split and configs merge")
+    families = {name: f for p in parts for name, f in p["families"].items()}
+    if len(families) != sum(len(p["families"]) for p in parts):
+        raise ValueError("the runs to merge share a family")
+    names = first["configs"]
+    overall = {metric: {name: statistics.fmean(f[metric][name] for f in families.values()) for name in names}
+               for metric in METRICS}
+    return {**first, "families": families, "overall": overall, "prompts": sum(p["prompts"] for p in parts),
+            "elapsed_s": max(p["elapsed_s"] for p in parts),
+            "answers": {name: a for p in parts for name, a in p.get("answers", {}).items()}}
+
+
 def _prompt_tokens(runner, prompt) -> int:
     from workers.prompt import build_prompt
 

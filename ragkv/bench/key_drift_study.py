@@ -1,0 +1,96 @@
+"""Where does plain reuse lose answers? Oracle caches that mix exact and stored chunk KV (README, "Key drift").
+
+    python -m ragkv.bench.key_drift_study --split dev --per-family 2 --part 0/2 --json OUT
+
+Every oracle starts from the fused cache of stored chunks (the engine's chunk form, fp16) and copies
+parts of the exact full-prefill KV of the same chunks over it, then runs the question as plain reuse
+does. Config names (`oracle:SPEC`, registered here only, for this study):
+
+    oracle:kA-B   exact keys in layers [A, B)        oracle:vA-B   exact values in layers [A, B)
+    oracle:bA-B   exact keys and values in [A, B)
+    oracle:mean   each chunk's stored keys shifted by its own exact mean pre-RoPE key drift
+    oracle:meanskip   the same, except the chunk that holds the answer (left as stored)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+import torch
+
+from ragkv.bench.quality.configs import Blend, Prepared, config_kind, parse_config
+from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+from workers.drift import key_drift, shift_keys
+
+
+@config_kind("oracle")
+@dataclass(frozen=True)
+class Oracle(Blend):
+    spec: str = ""
+
+    @classmethod
+    def parse(cls, name, arg, number, flag):
+        return cls(name, spec=arg or "", reuse=True)
+
+    def prepare(self, ctx) -> Prepared:
+        runner, layout = ctx.runner, ctx.layout
+        stored, computed = fuse_chunks(runner, layout, ctx.prefix_kv(), ctx.stored_chunks("fp16"))
+        exact, _ = fuse_chunks(runner, layout, ctx.prefix_kv(), ctx.in_context_chunks("fp16"))
+        if self.spec.startswith("mean"):
+            skip = self.spec == "meanskip"
+            for index, (start, end) in enumerate(layout.chunk_spans):
+                if skip and any(a in ctx.prompt.chunks[index] for a in ctx.prompt.answers):
+                    continue
+                one = torch.zeros(end - start, dtype=torch.long)  # every token in one chunk
+                for mine, right in zip(stored.layers, exact.layers):
+                    positions = mine.positions[start:end]
+                    drift = key_drift(right.keys[:, start:end], mine.keys[:, start:end], positions, runner.inv_freq,
+                                      one, 1)  # [Hkv, 1, D]
+                    mine.keys[:, start:end] = shift_keys(mine.keys[:, start:end], drift[:, one], positions,
+                                                         runner.inv_freq)
+        else:
+            part, (low, high) = self.spec[0], map(int, self.spec[1:].split("-"))
+            for mine, right in list(zip(stored.layers, exact.layers))[low:high]:
+                if part in "kb":
+                    mine.keys.copy_(right.keys)
+                if part in "vb":
+                    mine.values.copy_(right.values)
+        logits, stats = blend_prefill(runner, layout, stored, computed, BlendConfig(), reuse=True)
+        return Prepared(logits, stored, stats=stats)
+
+
+DEFAULT_ORACLES = ("reuse", "oracle:b0-10", "oracle:b10-20", "oracle:b20-30", "oracle:b10-30", "oracle:k0-30",
+                   "oracle:v0-30", "oracle:mean", "oracle:meanskip")
+
+
+def main() -> None:
+    from ragkv.bench.quality.evaluate import evaluate_prompt
+    from ragkv.bench.quality.prompts import make_prompts
+    from workers.engine import EngineConfig
+    from workers.runner import ModelRunner
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--split", default="dev", choices=("dev", "test"))
+    parser.add_argument("--per-family", type=int, default=2)
+    parser.add_argument("--part", default="0/1", help="I/N: every N-th prompt from the I-th (run N side by side)")
+    parser.add_argument("--configs", nargs="+", default=list(DEFAULT_ORACLES))
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    runner = ModelRunner.load("default")
+    part, parts = map(int, args.part.split("/"))
+    prompts = make_prompts(args.split, lambda t: len(runner.tokenize(t)), None, args.per_family, (1100,))[part::parts]
+    configs = [parse_config(name) for name in ["full", *args.configs]]
+    rows = []
+    for i, prompt in enumerate(prompts):
+        out = evaluate_prompt(runner, prompt, configs, EngineConfig().codec)
+        rows.append({"family": prompt.family, **{k: [o.correct, o.agree, o.kl] for k, o in out.items()}})
+        print(i, prompt.family, {k: (int(o.correct), round(o.kl, 3)) for k, o in out.items()}, flush=True)
+    with open(args.json, "w") as f:
+        json.dump(rows, f)
+
+
+if __name__ == "__main__":
+    main()
