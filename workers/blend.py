@@ -27,7 +27,7 @@ import torch
 
 from kvstore.kv import ChunkKV
 from workers.cache import KVCache, LayerKV
-from workers.drift import key_drift, shift_keys, shift_values, value_drift
+from workers.drift import chunk_index, key_drift, shift_keys, shift_values, value_drift
 from workers.eviction.chunks import place_chunk
 from workers.prompt import PromptLayout
 from workers.selection import (Selection, SelectionContext, kv_deviation, make_selection,  # noqa: F401
@@ -92,11 +92,10 @@ class DriftRepair:
 
     def __init__(self, runner, layout: PromptLayout, kv: LayerKV, chunk_tokens: torch.Tensor, active: torch.Tensor):
         self.inv_freq, self.num_chunks = runner.inv_freq, len(layout.chunk_spans)
-        starts = torch.tensor([start for start, _ in layout.chunk_spans], device=chunk_tokens.device)
         self.recomputed = chunk_tokens[torch.isin(chunk_tokens, active)]  # [R] prompt indices
         self.stored = chunk_tokens[~torch.isin(chunk_tokens, active)]  # [S] keep their stored K/V here
-        self.chunk_of_recomputed = torch.bucketize(self.recomputed, starts, right=True) - 1  # [R] chunk index
-        self.chunk_of_stored = torch.bucketize(self.stored, starts, right=True) - 1  # [S]
+        self.chunk_of_recomputed = chunk_index(self.recomputed, layout.chunk_spans)  # [R] chunk index
+        self.chunk_of_stored = chunk_index(self.stored, layout.chunk_spans)  # [S]
         self.keys = kv.keys[:, self.recomputed].clone()  # [Hkv, R, D] stored, before the recompute
         self.values = kv.values[:, self.recomputed].clone()
 

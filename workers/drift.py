@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from kvstore.rope import apply_rope, rope_cos_sin
+from kvstore.rope import rerotate_keys
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """x [H, T, D] (fp32) rotated by RoPE at positions [T]; negative positions un-rotate."""
-    cos, sin = rope_cos_sin(positions, inv_freq.to(positions.device))
-    return apply_rope(x, cos, sin)
+def chunk_index(tokens: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
+    """tokens [T] (prompt indices inside chunk spans, sorted spans) -> [T] index of the span each is in."""
+    starts = torch.tensor([start for start, _ in spans], device=tokens.device)
+    return torch.bucketize(tokens, starts, right=True) - 1
 
 
 def chunk_means(diff: torch.Tensor, chunk_of: torch.Tensor, num_chunks: int,
@@ -48,7 +48,7 @@ def chunk_means(diff: torch.Tensor, chunk_of: torch.Tensor, num_chunks: int,
 def key_drift(fresh: torch.Tensor, stored: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
               chunk_of: torch.Tensor, num_chunks: int, held: torch.Tensor | None = None) -> torch.Tensor:
     """Per-chunk mean pre-RoPE key shift. fresh/stored: [H, T, D] keys rotated at positions [T] -> [H, C, D]."""
-    return chunk_means(rotate((fresh - stored).float(), -positions, inv_freq), chunk_of, num_chunks, held)
+    return chunk_means(rerotate_keys((fresh - stored).float(), -positions, inv_freq), chunk_of, num_chunks, held)
 
 
 def value_drift(fresh: torch.Tensor, stored: torch.Tensor, chunk_of: torch.Tensor, num_chunks: int,
@@ -60,7 +60,7 @@ def value_drift(fresh: torch.Tensor, stored: torch.Tensor, chunk_of: torch.Tenso
 def shift_keys(keys: torch.Tensor, drift: torch.Tensor, positions: torch.Tensor,
                inv_freq: torch.Tensor) -> torch.Tensor:
     """keys [H, T, D] rotated at positions [T] + each token's pre-RoPE drift [H, T, D] rotated to its position."""
-    return (keys.float() + rotate(drift, positions, inv_freq)).to(keys.dtype)
+    return (keys.float() + rerotate_keys(drift.float(), positions, inv_freq)).to(keys.dtype)
 
 
 def shift_values(values: torch.Tensor, drift: torch.Tensor) -> torch.Tensor:

@@ -241,8 +241,8 @@ class LegoLink(Selection):
 @selection("strided")
 @dataclass(frozen=True)
 class Strided(Selection):
-    """Every k-th token of every chunk from layer 0, k = 1/ratio: an even sample of each chunk (what the
-    key-drift repair, workers/drift.py, measures each chunk's drift on)."""
+    """Every k-th chunk token from layer 0, k = 1/ratio, counted over all chunks: an even sample that puts
+    recomputed tokens in every chunk (what the drift repair, workers/drift.py, measures each chunk's drift on)."""
 
     def start(self, ctx):
         if ctx.budget == 0 or ctx.candidates.numel() == 0:

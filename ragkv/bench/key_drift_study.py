@@ -22,7 +22,7 @@ import torch
 
 from ragkv.bench.quality.configs import Blend, Prepared, config_kind, parse_config
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
-from workers.drift import key_drift, shift_keys
+from workers.drift import chunk_index, key_drift, shift_keys
 
 
 @config_kind("oracle")
@@ -40,16 +40,14 @@ class Oracle(Blend):
         exact, _ = fuse_chunks(runner, layout, ctx.prefix_kv(), ctx.in_context_chunks("fp16"))
         if self.spec.startswith("mean"):
             skip = self.spec == "meanskip"
-            for index, (start, end) in enumerate(layout.chunk_spans):
-                if skip and any(a in ctx.prompt.chunks[index] for a in ctx.prompt.answers):
-                    continue
-                one = torch.zeros(end - start, dtype=torch.long)  # every token in one chunk
-                for mine, right in zip(stored.layers, exact.layers):
-                    positions = mine.positions[start:end]
-                    drift = key_drift(right.keys[:, start:end], mine.keys[:, start:end], positions, runner.inv_freq,
-                                      one, 1)  # [Hkv, 1, D]
-                    mine.keys[:, start:end] = shift_keys(mine.keys[:, start:end], drift[:, one], positions,
-                                                         runner.inv_freq)
+            tokens = torch.cat([torch.arange(start, end) for index, (start, end) in enumerate(layout.chunk_spans)
+                                if not (skip and any(a in ctx.prompt.chunks[index] for a in ctx.prompt.answers))])
+            chunk_of, chunks = chunk_index(tokens, layout.chunk_spans), len(layout.chunk_spans)
+            for mine, right in zip(stored.layers, exact.layers):
+                positions = mine.positions[tokens]
+                drift = key_drift(right.keys[:, tokens], mine.keys[:, tokens], positions, runner.inv_freq,
+                                  chunk_of, chunks)  # [Hkv, C, D]: each chunk's own exact mean
+                mine.keys[:, tokens] = shift_keys(mine.keys[:, tokens], drift[:, chunk_of], positions, runner.inv_freq)
         else:
             part, (low, high) = self.spec[0], map(int, self.spec[1:].split("-"))
             for mine, right in list(zip(stored.layers, exact.layers))[low:high]:

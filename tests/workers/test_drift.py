@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from kvstore.rope import rerotate_keys as rotate
 from workers.blend import BlendConfig
-from workers.drift import chunk_means, key_drift, rotate, shift_keys, shift_values, value_drift
+from workers.drift import chunk_index, chunk_means, key_drift, shift_keys, shift_values, value_drift
 
 INV_FREQ = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))  # head dim 16
 
@@ -47,6 +48,11 @@ def test_entries_a_head_does_not_hold_are_left_out_of_the_drift():
     held = torch.tensor([[True, True, False, False], [True, True, False, False]])
     drift = key_drift(fresh, stored, positions, INV_FREQ, torch.zeros(4, dtype=torch.long), 1, held)
     assert torch.allclose(drift, torch.full((2, 1, 16), 0.5), atol=1e-5)
+
+
+def test_chunk_index_names_the_span_each_token_is_in():
+    spans = [(3, 6), (7, 10), (10, 12)]
+    assert chunk_index(torch.tensor([3, 5, 7, 9, 10, 11]), spans).tolist() == [0, 0, 1, 1, 2, 2]
 
 
 def test_zero_drift_leaves_keys_unchanged():
