@@ -18,10 +18,11 @@ from workers.batching.scheduler import BatchConfig
 from workers.chunk_forms import CHUNK_FORMS
 from workers.engine import EngineConfig
 from workers.paths import default_store_url
+from workers.projections import check_prefill_kernel
 
 MiB = 1 << 20
 # EngineConfig fields a flag or a RAGKV_* variable sets (the others are the engine's own business)
-ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes", "chunk_form")
+ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes", "chunk_form", "prefill_kernel")
 BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfig.batch (BatchConfig)
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
@@ -52,6 +53,7 @@ class ServeConfig:
         if self.engine.chunk_form not in CHUNK_FORMS:
             raise ValueError(f"--chunk-form: unknown chunk form {self.engine.chunk_form!r}; "
                              f"known: {', '.join(CHUNK_FORMS)}")
+        check_prefill_kernel(self.engine.prefill_kernel)  # ValueError names --prefill-kernel
         workers = self.engine.workers
         if not (workers in WORKERS_FORMS or workers.startswith("ray://")):
             raise ValueError(f"--workers must be inproc, ray, auto or ray://ADDRESS, got {workers!r}")

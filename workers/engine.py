@@ -31,6 +31,7 @@ from workers.eviction.chunks import (check_ingest_spec, chunk_namespace, compact
 from workers.generate import DecodeHooks, SamplingParams
 from workers.modes import PREFILL_MODES, PrefillContext, kv_nbytes
 from workers.paths import default_store_url
+from workers.projections import DEFAULT_PREFILL_KERNEL
 from workers.prompt import PromptLayout, build_prompt
 from workers.requests import ChunkRef, CompressionSpec, GenerateRequest, GenerateResult, is_chunk_id
 from workers.runner import ModelRunner
@@ -59,6 +60,7 @@ class EngineConfig:
     chunk_form: str = DEFAULT_CHUNK_FORM  # how a chunk's stored KV is computed (workers/chunk_forms.py)
     use_calibration: bool = True  # a stored calibration replaces `blend` for requests without a ratio
     batch: BatchConfig = field(default_factory=BatchConfig)  # continuous batching (workers/batching)
+    prefill_kernel: str = DEFAULT_PREFILL_KERNEL  # the prefill's projections (workers/projections.py)
 
 
 def open_store_backend(config: EngineConfig) -> Backend:
@@ -79,14 +81,14 @@ class Engine:
     def __init__(self, config: EngineConfig, runner: ModelRunner | None = None,
                  chunk_compute: ChunkCompute | None = None):
         self.config = config
-        self.runner = runner or ModelRunner.load(config.model, device=config.device)
+        self.runner = (runner or ModelRunner.load(config.model, device=config.device)).with_kernel(config.prefill_kernel)
         backend = open_store_backend(config)
         # decoded blocks land on the model's device: payload copied once, dequantized there (Triton on CUDA)
         # the chunk form is part of what a chunk block is addressed and verified by
-        fingerprint = chunk_fingerprint(self.runner.fingerprint, self.runner.tokenizer, config.chunk_form)
+        fingerprint = chunk_fingerprint(self.runner.kv_fingerprint, self.runner.tokenizer, config.chunk_form)
         self.store = BlockStore(backend, config.codec, fingerprint, device=self.runner.device)
         # same backend, own codec: the codec is part of the address, so the two never collide
-        self.prefix_store = BlockStore(backend, PREFIX_CODEC, self.runner.fingerprint)
+        self.prefix_store = BlockStore(backend, PREFIX_CODEC, self.runner.kv_fingerprint)
         self.blend_setting = blend_setting(config, self.runner)  # (config, "calibrated" | "default")
         self._prefix_cache: OrderedDict[str, ChunkKV] = OrderedDict()
         self.counters = EngineCounters()
@@ -247,7 +249,8 @@ class Engine:
         if compressor is not None:
             stats["compression"].update(compressor.stats())
         stats.update(prompt_tokens=layout.num_tokens, generated_tokens=len(tokens), mode=request.mode,
-                     kv_bytes_final=seq.cache.nbytes(), decode_kernel=self.decode_weights.kernel)
+                     kv_bytes_final=seq.cache.nbytes(), decode_kernel=self.decode_weights.kernel,
+                     prefill_kernel=self.runner.kernel)
         self._count(stats)
         ttft = seq.context["ttft"]
         yield GenerateResult(text=text, token_ids=tokens, prompt_token_ids=layout.token_ids, ttft_s=ttft,

@@ -53,22 +53,25 @@ def plan(corpus: str, tokenizer, store, chunk_tokens: int, namespace: str) -> tu
 
 def run(corpus: str, store_url: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, codec: str = EngineConfig.codec,
         workers: int | None = None, namespace: str = "", model: str = EngineConfig.model, progress: bool = True,
-        pool=None, chunk_form: str = EngineConfig.chunk_form) -> Summary:
+        pool=None, chunk_form: str = EngineConfig.chunk_form,
+        prefill_kernel: str = EngineConfig.prefill_kernel) -> Summary:
     from kvstore.backends.registry import open_backend
     from kvstore.store import BlockStore
     from workers.chunk_forms import chunk_fingerprint
+    from workers.projections import kernel_fingerprint
     from workers.ray_pool import WorkerPool, ensure_ray
 
     start = time.perf_counter()
     tokenizer, fingerprint = load_tokenizer_and_fingerprint(model)
-    store = BlockStore(open_backend(store_url), codec, chunk_fingerprint(fingerprint, tokenizer, chunk_form))
+    store = BlockStore(open_backend(store_url), codec, chunk_fingerprint(kernel_fingerprint(fingerprint, prefill_kernel),
+                                                                        tokenizer, chunk_form))
     documents, missing, total = plan(corpus, tokenizer, store, chunk_tokens, namespace)
     summary = Summary(documents=documents, chunks=total, skipped=total - len(missing))
     if missing:
         if pool is None:
             ensure_ray("ray")
             pool = WorkerPool(EngineConfig(model=model, store=store_url, codec=codec, memory_budget_bytes=None,
-                                           chunk_form=chunk_form),
+                                           chunk_form=chunk_form, prefill_kernel=prefill_kernel),
                               num_workers=workers)
         summary.workers = len(pool)
         batches = [(missing[i:i + BATCH_CHUNKS], namespace) for i in range(0, len(missing), BATCH_CHUNKS)]

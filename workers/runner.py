@@ -8,6 +8,7 @@ Batch size is 1: hidden states are [S, hidden].
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -19,6 +20,8 @@ from kvstore.rope import RE_ROTATABLE_ROPE_TYPES, apply_rope, rope_cos_sin
 from workers.attention import attend
 from workers.cache import KVCache, LayerKV
 from workers.model import DEFAULT_MODEL, LoadedModel, load_model
+from workers.projections import (EXACT_PREFILL_KERNEL, PREFILL_KERNELS, Projections, check_prefill_kernel,
+                                kernel_fingerprint)
 
 
 class AttentionObserver(Protocol):
@@ -68,6 +71,23 @@ class ModelRunner:
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
         self._decode_weights: dict[tuple[str, int], object] = {}
+        self.kernel = EXACT_PREFILL_KERNEL  # prefill projections (workers/projections.py); with_kernel() for others
+        self.projections: Projections = PREFILL_KERNELS[self.kernel](self.layers)
+        self._with_kernel: dict[str, "ModelRunner"] = {self.kernel: self}
+
+    def with_kernel(self, kernel: str) -> "ModelRunner":
+        """This runner with another prefill kernel: the same model and weights (built once per kernel)."""
+        if kernel not in self._with_kernel:
+            sibling = copy.copy(self)
+            sibling.kernel = check_prefill_kernel(kernel)
+            sibling.projections = PREFILL_KERNELS[kernel](self.layers)
+            self._with_kernel[kernel] = sibling  # the dict is shared: any sibling finds the others
+        return self._with_kernel[kernel]
+
+    @property
+    def kv_fingerprint(self) -> str:
+        """What this runner's KV blocks are addressed by: the model and the prefill kernel."""
+        return kernel_fingerprint(self.fingerprint, self.kernel)
 
     @classmethod
     def load(cls, source: str = DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None) -> "ModelRunner":
@@ -113,9 +133,7 @@ class ModelRunner:
         """normed: [S, hidden] -> q [Hq, S, D], k [Hkv, S, D] (both RoPE'd at positions), v [Hkv, S, D]."""
         attn = self.layers[layer].self_attn
         seq, head_dim = normed.shape[0], self.shape.head_dim
-        q = attn.q_proj(normed).view(seq, -1, head_dim)
-        k = attn.k_proj(normed).view(seq, -1, head_dim)
-        v = attn.v_proj(normed).view(seq, -1, head_dim)
+        q, k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.qkv(layer, normed))
         if getattr(attn, "q_norm", None) is not None:  # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = rope_cos_sin(positions, self.inv_freq.to(positions.device))
@@ -143,8 +161,8 @@ class ModelRunner:
         if observer is not None:
             observer(layer, q, positions, kv)
         out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask)
-        hidden = hidden + block.self_attn.o_proj(out)
-        return hidden + block.mlp(block.post_attention_layernorm(hidden))
+        hidden = hidden + self.projections.o(layer, out)
+        return hidden + self.projections.mlp(layer, block.post_attention_layernorm(hidden))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden] -> logits [S, vocab] (fp32)."""

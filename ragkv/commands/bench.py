@@ -8,6 +8,7 @@ import json
 import sys
 
 from ragkv.bench.quality.presets import PRESETS  # names only: no torch
+from workers.projections import PREFILL_KERNELS
 
 SUITES = ("codecs", "store", "blend", "eviction", "quality", "serve", "lora", "precompute", "load", "codec-study")
 
@@ -22,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="blend: extra blend settings measured side by side (e.g. legolink@0.15)")
     parser.add_argument("--codec", help="blend, quality: codec of the stored chunks (default: the engine's)")
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
+    parser.add_argument("--prefill-kernel", choices=list(PREFILL_KERNELS),
+                        help="quality: the prefill projections (default: the engine's)")
     parser.add_argument("--max-batch", type=_positive, help="serve: the batched server's --max-batch (default 16)")
     quality = parser.add_argument_group("quality")
     quality.add_argument("--split", choices=("dev", "test"), default="dev",
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         kwargs.update(split=args.split, families=args.families, per_family=args.per_family,
                       sizes=tuple(args.sizes) if args.sizes else None, configs=args.configs, preset=args.preset,
                       codec=args.codec,
-                      plots=args.plots, report=args.report, model=args.model)
+                      plots=args.plots, report=args.report, model=args.model, prefill_kernel=args.prefill_kernel)
     if args.suite == "serve":
         kwargs.update(plots=args.plots, **({"max_batch": args.max_batch} if args.max_batch else {}))
     result = module.run(**kwargs)

@@ -154,8 +154,9 @@ def test_packed_heads_step_equals_the_padded_layout(runner, prefilled):
 
 
 # -- the scheduler, through the engine ---------------------------------------------------
-def _engine(runner, tmp_path, **batch) -> Engine:
-    return Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", batch=BatchConfig(**batch)), runner=runner)
+def _engine(runner, tmp_path, prefill_kernel: str = EngineConfig.prefill_kernel, **batch) -> Engine:
+    return Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", batch=BatchConfig(**batch),
+                               prefill_kernel=prefill_kernel), runner=runner)
 
 
 def _concurrently(engine: Engine, requests: list[GenerateRequest]) -> list:
@@ -208,7 +209,8 @@ def test_mixed_batch_equals_each_request_alone(runner, tmp_path):
 
 
 def test_fp32_full_in_a_batch_equals_transformers_generate(runner, tmp_path):
-    engine = _engine(runner, tmp_path, max_batch=3, decode_kernel="fp32")
+    """The exact kernels (fp32 prefill, fp32 decode) give transformers' own greedy tokens."""
+    engine = _engine(runner, tmp_path, max_batch=3, decode_kernel="fp32", prefill_kernel="fp32")
     try:
         reqs = [GenerateRequest(question=q, chunks=CHUNKS, mode="full", max_new_tokens=10)
                 for q in ("Who founded Lindorf?", "What is Zorblat?", "Who runs Brightwell?")]

@@ -27,7 +27,7 @@ METRICS = ("accuracy", "agreement_vs_full", "kl_vs_full", "kv_bytes_vs_full")
 def run(quick: bool = False, progress: bool = True, split: str = "dev", families: list[str] | None = None,
         per_family: int | None = None, sizes: tuple[int, ...] | None = None, configs: list[str] | None = None,
         preset: str | None = None, codec: str | None = None, plots: str | None = None, model: str = "default",
-        threads: int | None = 1, report: str | None = None) -> dict:
+        threads: int | None = 1, report: str | None = None, prefill_kernel: str | None = None) -> dict:
     """threads: torch intra-op threads for the run (restored after); 1 is fastest on a small shared box."""
     import torch
 
@@ -38,7 +38,8 @@ def run(quick: bool = False, progress: bool = True, split: str = "dev", families
     if threads:
         torch.set_num_threads(threads)
     try:
-        runner = ModelRunner.load(model)
+        prefill_kernel = prefill_kernel or EngineConfig.prefill_kernel
+        runner = ModelRunner.load(model).with_kernel(prefill_kernel)
         codec = codec or EngineConfig().codec
         names = configs or config_names(preset or ("quick" if quick else "standard"))
         parsed = [parse_config(name) for name in dict.fromkeys(["full", *names])]
@@ -49,7 +50,7 @@ def run(quick: bool = False, progress: bool = True, split: str = "dev", families
         result["blend_default"] = {"setting": setting, "config": default_blend.name}
     finally:
         torch.set_num_threads(previous)
-    result.update(split=split, available_splits=list(SPLITS), model=model)
+    result.update(split=split, available_splits=list(SPLITS), model=model, prefill_kernel=prefill_kernel)
     if plots:
         from ragkv.bench.quality.report import write_plots
 

@@ -1,0 +1,75 @@
+"""Prefill kernels (workers/projections.py): the bf16 projections against the model's own fp32 modules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ragkv.cli import build_parser
+from ragkv.commands.serve import config_from_args
+from ragkv.config import ServeConfig
+from workers.cache import KVCache
+from workers.engine import Engine, EngineConfig
+from workers.projections import DEFAULT_PREFILL_KERNEL, EXACT_PREFILL_KERNEL, PREFILL_KERNELS, kernel_fingerprint
+
+TEXT = ("The lighthouse on Varrow Point was built in 1871. Its keeper, Ada Penhallow, kept a log of every ship "
+        "that passed. The secret code of the archive is 48213. Question: what is the secret code? Answer:")
+
+
+def test_with_kernel_shares_the_model_and_is_built_once(runner):
+    fast = runner.with_kernel("bf16")
+    assert fast is runner.with_kernel("bf16") and fast.with_kernel("fp32") is runner
+    assert fast.model is runner.model and (runner.kernel, fast.kernel) == ("fp32", "bf16")
+    with pytest.raises(ValueError, match="--prefill-kernel"):
+        runner.with_kernel("int3")
+
+
+def test_bf16_projections_are_close_to_the_modules(runner):
+    fast = runner.with_kernel("bf16").projections
+    x = torch.randn(7, runner.shape.hidden_size)
+    for layer in (0, runner.shape.num_layers - 1):
+        for got, want in zip(fast.qkv(layer, x), runner.projections.qkv(layer, x)):
+            assert got.dtype == torch.float32 and got.shape == want.shape
+            assert (got - want).norm() / want.norm() < 1e-2
+        want = runner.projections.mlp(layer, x)
+        assert (fast.mlp(layer, x) - want).norm() / want.norm() < 2e-2
+
+
+def test_bf16_prefill_keeps_the_next_token_distribution(runner):
+    ids = torch.tensor(runner.tokenize(TEXT))
+    positions = torch.arange(len(ids))
+    exact = runner.forward(ids, positions, KVCache.empty(runner.shape.num_layers))
+    fast = runner.with_kernel("bf16").forward(ids, positions, KVCache.empty(runner.shape.num_layers))
+    p, q = torch.log_softmax(exact.reshape(-1), -1), torch.log_softmax(fast.reshape(-1), -1)
+    assert int(exact.argmax()) == int(fast.argmax())
+    assert float((p.exp() * (p - q)).sum()) < 0.01  # KL(exact || bf16) in nats
+
+
+def test_the_kernel_is_part_of_every_block_address(runner, tmp_path):
+    """The two kernels' KV differ in their bytes: one store holds both, neither reads the other's blocks."""
+    assert kernel_fingerprint("abc", EXACT_PREFILL_KERNEL) == "abc" != kernel_fingerprint("abc", "bf16")
+    store = f"disk:{tmp_path / 'blocks'}"
+    exact = Engine(EngineConfig(store=store, prefill_kernel="fp32"), runner=runner)
+    fast = Engine(EngineConfig(store=store, prefill_kernel="bf16"), runner=runner)
+    try:
+        (ref_exact,), (ref_fast,) = exact.ingest(["A chunk about lighthouses."]), fast.ingest(["A chunk about lighthouses."])
+        assert ref_exact.id != ref_fast.id and not ref_fast.cached
+        assert fast.runner.kernel == "bf16" and exact.runner.kernel == "fp32"
+    finally:
+        exact.close()
+        fast.close()
+
+
+def test_flag_env_and_helm_follow_the_registry(monkeypatch):
+    assert ServeConfig().engine.prefill_kernel == DEFAULT_PREFILL_KERNEL in PREFILL_KERNELS
+    args = build_parser("serve").parse_args(["serve", "--prefill-kernel", "fp32"])
+    assert config_from_args(args).engine.prefill_kernel == "fp32"
+    monkeypatch.setenv("RAGKV_PREFILL_KERNEL", "fp32")
+    assert ServeConfig.from_env().engine.prefill_kernel == "fp32"
+    with pytest.raises(ValueError, match="--prefill-kernel"):
+        ServeConfig().with_overrides(prefill_kernel="int3")
+    schema = json.loads((Path(__file__).parents[2] / "helm/ragkv/values.schema.json").read_text())
+    assert set(schema["properties"]["server"]["properties"]["prefillKernel"]["enum"]) == set(PREFILL_KERNELS)

@@ -1,0 +1,138 @@
+"""Prefill kernels: how a decoder layer's projections (q/k/v, o, the MLP) run over a prompt, by name.
+
+A prefill pushes S tokens through every weight matrix: S x 2 x 135M multiply-adds for the default
+model, so on a CPU it is bound by arithmetic, not by reading the weights. Two kernels:
+
+    fp32   the model's own modules (nn.Linear in fp32): exactly what transformers computes.
+    bf16   the same weights cast to bf16 once, bf16 activations, fp32 accumulation and outputs.
+           On a CPU with AVX512-BF16 (the 2-core box) a projection takes about a third of fp32's
+           time (measured: 3072x576 at 26 rows 0.39 against 1.31 ms; at 200 rows 1.5 against 6.1).
+           The default model's weights are 4-bit (GGUF Q4_1), which the decode step already runs
+           with bf16 activations (workers/batching/linear.py).
+
+Activations leave each projection in fp32, so norms, RoPE, attention and the residual stream stay
+fp32 under both. A kernel is part of what a KV block's bytes depend on: the runner's
+`kernel_fingerprint` goes into the content address (workers/chunk_forms.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+PREFILL_KERNELS: dict[str, Callable[[list], "Projections"]] = {}
+DEFAULT_PREFILL_KERNEL = "bf16"  # chosen on the quality suite's dev split (README "Serving performance")
+EXACT_PREFILL_KERNEL = "fp32"  # transformers' own arithmetic
+
+
+def prefill_kernel(name: str):
+    def wrap(cls):
+        if name in PREFILL_KERNELS:
+            raise ValueError(f"prefill kernel {name!r} registered twice")
+        PREFILL_KERNELS[name] = cls
+        return cls
+    return wrap
+
+
+def check_prefill_kernel(name: str) -> str:
+    if name not in PREFILL_KERNELS:
+        raise ValueError(f"--prefill-kernel: unknown kernel {name!r}; expected one of {', '.join(PREFILL_KERNELS)}")
+    return name
+
+
+def kernel_fingerprint(fingerprint: str, kernel: str) -> str:
+    """The model fingerprint extended by the prefill kernel (the exact one leaves it as it is): a KV
+    block's bytes depend on both, and its content address is built on this."""
+    return fingerprint if check_prefill_kernel(kernel) == EXACT_PREFILL_KERNEL else f"{fingerprint}+{kernel}"
+
+
+class Projections:
+    """The projections of every decoder layer: x [S, in] fp32 -> [S, out] fp32."""
+
+    def qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> q [S, Hq * D], k [S, Hkv * D], v [S, Hkv * D]."""
+        raise NotImplementedError
+
+    def o(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@prefill_kernel("fp32")
+class ModuleProjections(Projections):
+    """The model's modules themselves (LoRA layers included, when an adapter wraps them)."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def qkv(self, layer, x):
+        attn = self.blocks[layer].self_attn
+        return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+
+    def o(self, layer, x):
+        return self.blocks[layer].self_attn.o_proj(x)
+
+    def mlp(self, layer, x):
+        return self.blocks[layer].mlp(x)
+
+
+@prefill_kernel("bf16")
+class Bf16Projections(Projections):
+    """Weights cast to bf16 once (q|k|v and gate|up concatenated: one matmul each)."""
+
+    def __init__(self, blocks):
+        for block in blocks:
+            if any(type(m) is not torch.nn.Linear for m in _linears(block)):
+                raise ValueError("--prefill-kernel bf16: the model's projections are not plain nn.Linear "
+                                 f"(found {type(block.self_attn.q_proj).__name__}); use fp32")
+        self.layers = [_Bf16Layer.of(block) for block in blocks]
+
+    def qkv(self, layer, x):
+        lay = self.layers[layer]
+        out = F.linear(x.to(torch.bfloat16), lay.qkv).float()  # [S, (Hq + 2 Hkv) D]
+        if lay.qkv_bias is not None:
+            out = out + lay.qkv_bias
+        return out.split(lay.qkv_sizes, dim=-1)
+
+    def o(self, layer, x):
+        return F.linear(x.to(torch.bfloat16), self.layers[layer].o).float()
+
+    def mlp(self, layer, x):
+        lay = self.layers[layer]
+        gate_up = F.linear(x.to(torch.bfloat16), lay.gate_up).float()  # [S, 2 I]
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.linear((F.silu(gate) * up).to(torch.bfloat16), lay.down).float()
+
+
+@dataclass
+class _Bf16Layer:
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, hidden] bf16
+    qkv_bias: torch.Tensor | None  # fp32 (Qwen2)
+    qkv_sizes: list[int]  # rows of q, k, v
+    o: torch.Tensor
+    gate_up: torch.Tensor  # [2 I, hidden]: gate rows first
+    down: torch.Tensor
+
+    @classmethod
+    def of(cls, block) -> "_Bf16Layer":
+        attn, mlp = block.self_attn, block.mlp
+        act = getattr(getattr(mlp, "config", None), "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"--prefill-kernel bf16: MLP activation {act!r} is not 'silu'; use fp32")
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        bias = None
+        if attn.q_proj.bias is not None:  # Qwen2
+            bias = torch.cat([p.bias for p in projections]).detach().float()
+        bf16 = lambda *ws: torch.cat([w.weight.detach() for w in ws]).to(torch.bfloat16).contiguous()  # noqa: E731
+        return cls(bf16(*projections), bias, [p.weight.shape[0] for p in projections], bf16(attn.o_proj),
+                   bf16(mlp.gate_proj, mlp.up_proj), bf16(mlp.down_proj))
+
+
+def _linears(block) -> tuple:
+    attn, mlp = block.self_attn, block.mlp
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
