@@ -155,19 +155,23 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
 
 
 def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...] | None = None,
-        chunk_tokens: int | None = None, num_queries: int | None = None, codec: str = "kivi2",
-        model: str = "default", settings: tuple[str, ...] = ()) -> dict:
+        chunk_tokens: int | None = None, num_queries: int | None = None, codec: str | None = None,
+        model: str = "default", settings: tuple[str, ...] = (), prefill_kernel: str | None = None) -> dict:
     """The bench JSON (README "Benchmarks", `ragkv bench blend`) for the main setting (8 chunks, or the only one run), plus `runs` for every N.
 
     `blend` runs the engine's setting for requests without a ratio (the stored calibration, else the default);
-    `settings` (`METHOD@RATIO` names) add rows measured side by side, labelled `blend:METHOD@RATIO`."""
+    `settings` (`METHOD@RATIO` names) add rows measured side by side, labelled `blend:METHOD@RATIO`.
+    codec, prefill_kernel: None = the engine's defaults."""
     from workers.engine import Engine, EngineConfig
+
+    codec = codec or EngineConfig.codec
+    prefill_kernel = prefill_kernel or EngineConfig.prefill_kernel
 
     chunk_counts = chunk_counts or ((4,) if quick else (4, 8, 16))
     chunk_tokens = chunk_tokens or (96 if quick else 256)
     num_queries = num_queries or (2 if quick else 20)
     with tempfile.TemporaryDirectory(prefix="ragkv-bench-blend-") as tmp:
-        engine = Engine(EngineConfig(model=model, store=f"disk:{tmp}", codec=codec))
+        engine = Engine(EngineConfig(model=model, store=f"disk:{tmp}", codec=codec, prefill_kernel=prefill_kernel))
         try:
             warm = make_queries(1, 2, 32, lambda t: len(engine.runner.tokenize(t)), seed=999)[0]
             for mode in MODES:  # first-call costs (allocator, kernels) stay out of the figures
@@ -179,7 +183,7 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
         finally:
             engine.close()
     main = next((r for r in runs if r["chunks"] == 8), runs[0])
-    return {**main, "codec": codec, "recompute_ratio": setting.recompute_ratio,
+    return {**main, "codec": codec, "prefill_kernel": prefill_kernel, "recompute_ratio": setting.recompute_ratio,
             "blend_setting": {"config": setting.name, "source": source}, "max_new_tokens": 24,
             "agreement_definition": "same extracted answer as full (first 5-digit code, else first line)",
             "runs": runs}

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", help="blend, quality: codec of the stored chunks (default: the engine's)")
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
     parser.add_argument("--prefill-kernel", choices=list(PREFILL_KERNELS),
-                        help="quality: the prefill projections (default: the engine's)")
+                        help="blend, quality: the prefill projections (default: the engine's)")
     parser.add_argument("--max-batch", type=_positive, help="serve: the batched server's --max-batch (default 16)")
     quality = parser.add_argument_group("quality")
     quality.add_argument("--split", choices=("dev", "test"), default="dev",
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     kwargs = {"quick": args.quick}
     if args.suite == "blend":
         kwargs.update(chunk_counts=tuple(args.chunks) if args.chunks else None, num_queries=args.queries,
-                      model=args.model, settings=tuple(args.settings or ()),
+                      model=args.model, settings=tuple(args.settings or ()), prefill_kernel=args.prefill_kernel,
                       **({"codec": args.codec} if args.codec else {}))
     if args.suite == "quality":
         kwargs.update(split=args.split, families=args.families, per_family=args.per_family,

@@ -1,6 +1,7 @@
 """`ragkv bench blend --quick` runs end to end and writes the documented JSON (README "Benchmarks") (figures are the bench's job)."""
 
 from ragkv.bench import blend
+from workers.engine import EngineConfig
 from workers.requests import mode_names
 
 
@@ -14,6 +15,8 @@ def test_blend_bench_quick_writes_contract_json():
     assert all(0.0 <= v <= 1.0 for v in out["accuracy"].values())
     assert out["runs"] and out["runs"][0]["chunks"] == out["chunks"]
     assert 0.0 <= out["codec_only"]["accuracy"] <= 1.0
+    # the engine's defaults, not the bench's own
+    assert (out["codec"], out["prefill_kernel"]) == (EngineConfig.codec, EngineConfig.prefill_kernel)
 
 
 def test_extract_answer_takes_the_code_or_the_first_line():

@@ -43,7 +43,8 @@ def incrby_calls(url: str) -> int:
 
 
 def store_for(url, runner, codec=DEFAULT_CODEC):  # what the engine and the actors store with
-    return BlockStore(open_backend(url), codec, chunk_fingerprint(runner.fingerprint, runner.tokenizer))
+    fingerprint = runner.with_kernel(EngineConfig.prefill_kernel).kv_fingerprint
+    return BlockStore(open_backend(url), codec, chunk_fingerprint(fingerprint, runner.tokenizer))
 
 
 def test_chunk_ids_equal_engine_ingest_ids(runner, redis_url):

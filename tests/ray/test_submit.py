@@ -14,6 +14,7 @@ import pytest
 
 from kvstore.testing import free_port
 from workers.chunk_forms import chunk_fingerprint
+from workers.engine import EngineConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -52,7 +53,8 @@ def test_precompute_through_ray_job_submit(redis_url, runner, tmp_path):
         assert job.returncode == 0, (job.stdout[-3000:], job.stderr[-3000:])
         line = next(l for l in job.stdout.splitlines() if l.startswith('{"precompute"'))
         summary = json.loads(line)["precompute"]
-        store = BlockStore(open_backend(redis_url), DEFAULT_CODEC, chunk_fingerprint(runner.fingerprint, runner.tokenizer))
+        fingerprint = runner.with_kernel(EngineConfig.prefill_kernel).kv_fingerprint  # what the job's engines store with
+        store = BlockStore(open_backend(redis_url), DEFAULT_CODEC, chunk_fingerprint(fingerprint, runner.tokenizer))
         ids = {store.address_for(runner.tokenize(c)) for d in DOCS for c in chunk_text(runner.tokenizer, d, 64)}
         assert summary["computed"] == len(ids)
         assert set(store.backend.keys()) == ids
