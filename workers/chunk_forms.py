@@ -23,19 +23,14 @@ from functools import lru_cache
 from typing import Callable, Sequence
 
 from kvstore.kv import ChunkKV
+from kvstore.registry import registrar
 from workers.rope import rerotate_keys
 
 DEFAULT_CHUNK_FORM = "lead"
 CHUNK_FORMS: dict[str, Callable] = {}  # name -> compute(runner, token_ids) -> ChunkKV
 
 
-def chunk_form(name: str):
-    def add(fn):
-        if name in CHUNK_FORMS:
-            raise ValueError(f"chunk form {name!r} registered twice")
-        CHUNK_FORMS[name] = fn
-        return fn
-    return add
+chunk_form = registrar(CHUNK_FORMS, "chunk form")
 
 
 def check_form(form: str) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from kvstore.kv import ChunkKV
+from kvstore.registry import registrar
 from workers.cache import KVCache
 
 if TYPE_CHECKING:
@@ -49,13 +50,7 @@ PrefillMode = Callable[[PrefillContext], torch.Tensor]
 PREFILL_MODES: dict[str, PrefillMode] = {}
 
 
-def prefill_mode(name: str):
-    def wrap(fn: PrefillMode) -> PrefillMode:
-        if name in PREFILL_MODES:
-            raise ValueError(f"prefill mode {name!r} registered twice")
-        PREFILL_MODES[name] = fn
-        return fn
-    return wrap
+prefill_mode = registrar(PREFILL_MODES, "prefill mode")
 
 
 def kv_nbytes(kv: ChunkKV) -> int:

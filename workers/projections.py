@@ -23,18 +23,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from kvstore.registry import registrar
+
 PREFILL_KERNELS: dict[str, Callable[[list], "Projections"]] = {}
 DEFAULT_PREFILL_KERNEL = "bf16"  # chosen on the quality suite's dev split (README "Serving performance")
 EXACT_PREFILL_KERNEL = "fp32"  # transformers' own arithmetic
 
 
-def prefill_kernel(name: str):
-    def wrap(cls):
-        if name in PREFILL_KERNELS:
-            raise ValueError(f"prefill kernel {name!r} registered twice")
-        PREFILL_KERNELS[name] = cls
-        return cls
-    return wrap
+prefill_kernel = registrar(PREFILL_KERNELS, "prefill kernel")
 
 
 def check_prefill_kernel(name: str) -> str:

@@ -27,18 +27,14 @@ from typing import Callable, List
 
 import torch
 
+from kvstore.registry import registrar
+
 GROUP = 32
 DECODE_KERNELS: dict[str, Callable[[torch.Tensor, int], "DecodeLinear"]] = {}
 DEFAULT_DECODE_KERNEL = "int4"  # the default model's weights are 4-bit (GGUF Q4_1); fp32 is the exact path
 
 
-def decode_kernel(name: str):
-    def wrap(fn):
-        if name in DECODE_KERNELS:
-            raise ValueError(f"decode kernel {name!r} registered twice")
-        DECODE_KERNELS[name] = fn
-        return fn
-    return wrap
+decode_kernel = registrar(DECODE_KERNELS, "decode kernel")
 
 
 PADDED_GEMM, INT4_PARTS = 0, 1  # apply_linear's kinds (TorchScript reads no globals: it spells them 0, 1, 32)

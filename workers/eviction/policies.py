@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from kvstore.registry import add_unique
 from workers.attention import attention_weights
 from workers.cache import LayerKV
 from workers.eviction import scores
@@ -125,10 +126,8 @@ POLICIES: dict[str, type[Policy]] = {}
 
 def register(name: str):
     def add(cls: type[Policy]) -> type[Policy]:
-        if name in POLICIES:
-            raise ValueError(f"policy {name!r} registered twice")
+        add_unique(POLICIES, "policy", name, cls)
         cls.name = name
-        POLICIES[name] = cls
         return cls
     return add
 

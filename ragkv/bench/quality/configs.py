@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, ClassVar
 
+from kvstore.registry import add_unique
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.generate import DecodeHooks
 
@@ -32,10 +33,8 @@ _NAME_RE = re.compile(r"^(?P<kind>[a-z+]+)(?::(?P<arg>[A-Za-z0-9_.-]+?))?(?:@(?P
 
 def config_kind(name: str):
     def add(cls: type["ConfigKind"]) -> type["ConfigKind"]:
-        if name in CONFIG_KINDS:
-            raise ValueError(f"config kind {name!r} registered twice")
+        add_unique(CONFIG_KINDS, "config kind", name, cls)
         cls.kind = name
-        CONFIG_KINDS[name] = cls
         return cls
     return add
 

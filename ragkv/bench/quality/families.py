@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kvstore.registry import add_unique
 from ragkv.bench.quality.haystack import CountTokens, build_chunk
 from ragkv.bench.quality.pools import Pool
 
@@ -107,9 +108,7 @@ FAMILIES: dict[str, Family] = {}
 
 def family(name: str, description: str, min_chunks: int = 1):
     def add(make: Callable[[Draw], Task]) -> Callable[[Draw], Task]:
-        if name in FAMILIES:
-            raise ValueError(f"family {name!r} registered twice")
-        FAMILIES[name] = Family(name, description, make, min_chunks)
+        add_unique(FAMILIES, "family", name, Family(name, description, make, min_chunks))
         return make
     return add
 
