@@ -23,13 +23,23 @@ def visibility_mask(q_positions: torch.Tensor, kv_positions: torch.Tensor,
     return mask
 
 
+def is_causal_layout(q_positions: torch.Tensor, kv_positions: torch.Tensor) -> bool:
+    """The queries are the cached tokens themselves, in increasing positions (a prefill over an empty
+    cache): the position rule is then the plain causal mask, which SDPA applies without building it
+    and whose masked blocks its flash kernel skips (about half the work of a long prefill)."""
+    if kv_positions.dim() != 1 or q_positions.shape != kv_positions.shape or q_positions.numel() < 2:
+        return False
+    return bool(torch.equal(q_positions, kv_positions) and (kv_positions[1:] > kv_positions[:-1]).all())
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_positions: torch.Tensor,
            kv_positions: torch.Tensor, scale: float, head_mask: torch.Tensor | None = None) -> torch.Tensor:
     """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
     num_heads, seq, head_dim = q.shape
-    mask = visibility_mask(q_positions, kv_positions, head_mask, num_heads)
-    out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask[None], scale=scale,
-                                         enable_gqa=keys.shape[0] != num_heads)  # [1, Hq, S, D]
+    causal = head_mask is None and is_causal_layout(q_positions, kv_positions)
+    mask = None if causal else visibility_mask(q_positions, kv_positions, head_mask, num_heads)[None]
+    out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=causal,
+                                         scale=scale, enable_gqa=keys.shape[0] != num_heads)  # [1, Hq, S, D]
     return out[0].transpose(0, 1).reshape(seq, num_heads * head_dim)
 
 

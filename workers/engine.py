@@ -43,7 +43,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("ragkv.engine")
 
 PREFIX_CODEC = "fp16"  # the system-prompt prefix is reused as an exact prefix: keep it near-lossless
-PREFIX_NAMESPACE = "\x00prefix"  # prefix blocks never collide with chunk blocks of the same tokens
+# prefix blocks never collide with chunk blocks of the same tokens. ":alone": a prefix is computed as what it
+# is, the start of the prompt; before 2026-12-02 the engine computed it in the chunk form (`lead`: after a
+# second copy of the template), and those blocks, wrong KV, must not be found
+PREFIX_NAMESPACE = "\x00prefix:alone"
+PREFIX_FORM = "alone"
 MAX_CHUNK_TOKENS = 4096
 
 
@@ -108,10 +112,11 @@ class Engine:
         return token_ids
 
     def _load_or_compute(self, store, token_ids: list[int], namespace: str, pin: bool = False,
-                         compression: CompressionSpec | None = None) -> tuple[ChunkKV, bool]:
+                         compression: CompressionSpec | None = None, form: str | None = None) -> tuple[ChunkKV, bool]:
         """(kv, was_hit); runs on the scheduler's thread. A store fault is a miss: compute, store if it takes it.
 
-        `compression`: the chunk is stored compressed to that spec (its namespace must be chunk_namespace's)."""
+        `compression`: the chunk is stored compressed to that spec (its namespace must be chunk_namespace's).
+        `form`: how a miss is computed (workers/chunk_forms.py); None = the engine's chunk form."""
         address = store.address_for(token_ids, namespace)
         kv = store.get(address, token_ids)
         if kv is not None:
@@ -123,7 +128,7 @@ class Engine:
             kv = store.get(address, token_ids)
             if kv is not None:
                 return kv, False
-        kv = compute_chunk(self.runner, token_ids, self.config.chunk_form)
+        kv = compute_chunk(self.runner, token_ids, form or self.config.chunk_form)
         if compression is not None:
             kv, _ = compress_chunk(self.runner, kv, compression)
         data, kv = store.as_stored(kv)
@@ -199,7 +204,8 @@ class Engine:
         if address in self._prefix_cache:
             self._prefix_cache.move_to_end(address)
             return self._prefix_cache[address], True
-        kv, hit = self._load_or_compute(self.prefix_store, layout.prefix_ids, PREFIX_NAMESPACE, pin=True)
+        kv, hit = self._load_or_compute(self.prefix_store, layout.prefix_ids, PREFIX_NAMESPACE, pin=True,
+                                        form=PREFIX_FORM)  # the prompt's real start: no lead-in before it
         self._prefix_cache[address] = kv
         while len(self._prefix_cache) > 16:
             self._prefix_cache.popitem(last=False)

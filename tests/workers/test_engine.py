@@ -159,3 +159,17 @@ def test_should_stop_cancels(each_engine):
     with pytest.raises(Cancelled):
         each_engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS[:1], max_new_tokens=8),
                              should_stop=lambda: True)
+
+
+def test_prefix_mode_answers_as_full_prefill(runner, tmp_path):
+    """The stored system-prompt prefix is the prompt's real start (computed alone, never in the chunk form:
+    `lead` would put a second copy of the template before it), so exact-prefix reuse answers as full does."""
+    engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", chunk_form="lead", prefill_kernel="fp32"),
+                    runner=runner)
+    try:
+        for question in (QUESTION, "What are the moons of Zorblat?", "Who runs Brightwell Robotics?"):
+            full, prefix = (engine.generate(GenerateRequest(question=question, chunks=CHUNKS, mode=mode,
+                                                            max_new_tokens=12)) for mode in ("full", "prefix"))
+            assert prefix.token_ids == full.token_ids, (prefix.text, full.text)
+    finally:
+        engine.close()
