@@ -23,23 +23,36 @@ def visibility_mask(q_positions: torch.Tensor, kv_positions: torch.Tensor,
     return mask
 
 
-def is_causal_layout(q_positions: torch.Tensor, kv_positions: torch.Tensor) -> bool:
-    """The queries are the cached tokens themselves, in increasing positions (a prefill over an empty
-    cache): the position rule is then the plain causal mask, which SDPA applies without building it
-    and whose masked blocks its flash kernel skips (about half the work of a long prefill)."""
-    if kv_positions.dim() != 1 or q_positions.shape != kv_positions.shape or q_positions.numel() < 2:
-        return False
-    return bool(torch.equal(q_positions, kv_positions) and (kv_positions[1:] > kv_positions[:-1]).all())
+def causal_padding(q_positions: torch.Tensor, kv_positions: torch.Tensor) -> int | None:
+    """Rows of dummy queries to put in front of q so that SDPA's causal mask is the position rule, or None.
+
+    When the queries are the newest cached tokens in increasing positions (a prefill over an empty
+    cache: 0 rows; a prefill after a reused prefix: the prefix's length), the rule is the plain causal
+    mask once the queries are padded to the cache's length, and SDPA's flash kernel skips the masked
+    blocks instead of reading a mask (about half the work of a long prefill). Only when the padding
+    is small against the queries (a quarter), so it never costs more than it saves."""
+    seq, total = q_positions.numel(), kv_positions.numel()
+    pad = total - seq
+    if kv_positions.dim() != 1 or seq < 2 or not 0 <= pad <= seq // 4:
+        return None
+    if not torch.equal(kv_positions[pad:], q_positions) or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
+        return None
+    return pad
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_positions: torch.Tensor,
            kv_positions: torch.Tensor, scale: float, head_mask: torch.Tensor | None = None) -> torch.Tensor:
     """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
     num_heads, seq, head_dim = q.shape
-    causal = head_mask is None and is_causal_layout(q_positions, kv_positions)
-    mask = None if causal else visibility_mask(q_positions, kv_positions, head_mask, num_heads)[None]
-    out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=causal,
-                                         scale=scale, enable_gqa=keys.shape[0] != num_heads)  # [1, Hq, S, D]
+    pad = causal_padding(q_positions, kv_positions) if head_mask is None else None
+    if pad is not None:  # zero queries in front, their rows dropped: [Hq, pad + S, D]
+        q = torch.cat([q.new_zeros(num_heads, pad, head_dim), q], dim=1) if pad else q
+        mask = None
+    else:
+        mask = visibility_mask(q_positions, kv_positions, head_mask, num_heads)[None]
+    out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=pad is not None,
+                                         scale=scale, enable_gqa=keys.shape[0] != num_heads)  # [1, Hq, S', D]
+    out = out[:, :, pad:] if pad else out  # [1, Hq, S, D]
     return out[0].transpose(0, 1).reshape(seq, num_heads * head_dim)
 
 

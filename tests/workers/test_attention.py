@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from workers.attention import attend, is_causal_layout, visibility_mask
+from workers.attention import attend, causal_padding, visibility_mask
 
 
 def _masked(q, k, v, qp, kp, scale):
@@ -12,13 +12,15 @@ def _masked(q, k, v, qp, kp, scale):
     return out[0].transpose(0, 1).reshape(q.shape[1], -1)
 
 
-def test_causal_layout_is_only_a_prefill_over_its_own_tokens():
-    p = torch.arange(10)
-    assert is_causal_layout(p, p)
-    assert not is_causal_layout(p[4:], p)  # a continuation: fewer queries than cached tokens
-    assert not is_causal_layout(p.flip(0), p.flip(0))  # positions not increasing
-    assert not is_causal_layout(p, p[None].expand(3, -1))  # per-head positions
-    assert not is_causal_layout(p[:1], p[:1])
+def test_causal_padding_only_for_the_newest_tokens_in_order():
+    p = torch.arange(40)
+    assert causal_padding(p, p) == 0  # a prefill over an empty cache
+    assert causal_padding(p[8:], p) == 8  # after a reused 8-token prefix
+    assert causal_padding(p[20:], p) is None  # padding would cost more than a quarter of the queries
+    assert causal_padding(p[8:30], p) is None  # not the newest tokens
+    assert causal_padding(p.flip(0), p.flip(0)) is None  # positions not increasing
+    assert causal_padding(p, p[None].expand(3, -1)) is None  # per-head positions
+    assert causal_padding(p[:1], p[:1]) is None
 
 
 def test_causal_fast_path_equals_the_masked_attention():
@@ -26,3 +28,6 @@ def test_causal_fast_path_equals_the_masked_attention():
     q, k, v = torch.randn(9, 70, 64), torch.randn(3, 70, 64), torch.randn(3, 70, 64)
     p = torch.arange(5, 75)  # a chunk's own positions, not starting at 0
     torch.testing.assert_close(attend(q, k, v, p, p, 0.125), _masked(q, k, v, p, p, 0.125), atol=1e-5, rtol=1e-4)
+    tail = p[10:]  # after a reused prefix: padded with zero queries
+    torch.testing.assert_close(attend(q[:, 10:], k, v, tail, p, 0.125), _masked(q[:, 10:], k, v, tail, p, 0.125),
+                               atol=1e-5, rtol=1e-4)
