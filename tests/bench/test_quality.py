@@ -162,3 +162,28 @@ def test_chunk_form_configs_parse():
     assert parse_config("blend@0.15").form is None  # the engine's form
     with pytest.raises(ValueError):
         parse_config("reuse+lead:x")
+
+
+def test_the_engine_answers_as_the_suite_measures(runner, tmp_path):
+    """The suite's numbers stand for the service: with the exact kernels, the engine (prefix block from
+    its store, chunks from its store, its scheduler's decode) gives the suite evaluator's text in
+    full, reuse and blend. A prefix computed in the chunk form broke exactly this."""
+    from ragkv.bench.quality.evaluate import evaluate_prompt
+    from workers.batching.scheduler import BatchConfig
+    from workers.engine import Engine, EngineConfig
+    from workers.requests import GenerateRequest
+
+    engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="int8", prefill_kernel="fp32",
+                                 batch=BatchConfig(decode_kernel="fp32")), runner=runner)
+    count = lambda text: len(runner.tokenize(text))  # noqa: E731
+    rows = {"full": "full", "reuse": "reuse", "blend": "blend:deviation@0.15"}
+    try:
+        for p in make_prompts("dev", count, ["single_needle", "system_prompt"], per_family=1, sizes=(500,)):
+            suite = evaluate_prompt(runner, p, [parse_config(n) for n in rows.values()], codec="int8")
+            for mode, name in rows.items():
+                served = engine.generate(GenerateRequest(
+                    question=p.question, chunks=p.chunks, system_prompt=p.system_prompt, mode=mode,
+                    max_new_tokens=p.max_new_tokens, recompute_ratio=0.15 if mode == "blend" else None))
+                assert served.text == suite[name].text, (p.family, mode)
+    finally:
+        engine.close()
