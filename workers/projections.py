@@ -11,8 +11,8 @@ model, so on a CPU it is bound by arithmetic, not by reading the weights. Two ke
            with bf16 activations (workers/batching/linear.py).
 
 Activations leave each projection in fp32, so norms, RoPE, attention and the residual stream stay
-fp32 under both. A kernel is part of what a KV block's bytes depend on: the runner's
-`kernel_fingerprint` goes into the content address (workers/chunk_forms.py).
+fp32 under both. A kernel is part of what a KV block's bytes depend on: `kernel_fingerprint` (the
+runner's `kv_fingerprint`) goes into the content address (workers/chunk_forms.py).
 """
 
 from __future__ import annotations

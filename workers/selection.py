@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from kvstore.registry import registrar
 from workers.attention import attention_weights
 
 if TYPE_CHECKING:
@@ -86,11 +87,7 @@ class Selection:
 SELECTIONS: dict[str, type[Selection]] = {}
 
 
-def selection(name: str) -> Callable[[type[Selection]], type[Selection]]:
-    def register(cls: type[Selection]) -> type[Selection]:
-        SELECTIONS[name] = cls
-        return cls
-    return register
+selection = registrar(SELECTIONS, "selection method")  # a name registered twice is an error at import
 
 
 def make_selection(config: "BlendConfig") -> Selection:
