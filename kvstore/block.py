@@ -357,8 +357,6 @@ def decode_block(data: bytes, expected_fingerprint: str | None = None,
         raise BlockShapeError(f"decoded {tuple(keys.shape)}, header says {header.shape}")
     inv_freq = None if header.inv_freq is None else torch.tensor(header.inv_freq, dtype=torch.float32)
     positions, head_mask = _positions(data, header) if header.compression is not None else (None, None)
-    if positions is not None and codec.pre_rope:
-        raise BlockShapeError("a compressed chunk stores post-RoPE keys")
     try:
         return ChunkKV(keys=keys, values=values, token_ids=list(header.token_ids), inv_freq=inv_freq,
                        pre_rope=codec.pre_rope, positions=positions, head_mask=head_mask,

@@ -12,7 +12,7 @@ from kvstore.kernels import dispatch
 @dataclass
 class ChunkKV:
     """A compressed chunk (stored already evicted to a budget, workers/eviction/chunks.py) holds only its
-    kept entries: slot j of layer l, head h is the token at positions[l, h, j] (keys RoPE'd there, never
+    kept entries: slot j of layer l, head h is the token at positions[l, h, j] (keys RoPE'd there, or
     pre-RoPE), head_mask False = padding; `compression` is the spec (part of its content address)."""
 
     keys: torch.Tensor  # [layers, kv_heads, tokens, head_dim], RoPE applied for positions 0..tokens-1
@@ -32,10 +32,9 @@ class ChunkKV:
             raise ValueError(f"keys {tuple(self.keys.shape)} and values {tuple(self.values.shape)} must be equal 4-d shapes")
         if self.positions is None and self.keys.shape[2] != len(self.token_ids):
             raise ValueError(f"{self.keys.shape[2]} KV tokens but {len(self.token_ids)} token ids")
-        if self.positions is not None and (self.positions.shape != self.keys.shape[:3] or self.pre_rope
+        if self.positions is not None and (self.positions.shape != self.keys.shape[:3]
                                            or self.head_mask is None or self.head_mask.shape != self.keys.shape[:3]):
-            raise ValueError(f"a compressed chunk needs positions and head_mask {tuple(self.keys.shape[:3])}, "
-                             "post-RoPE keys")
+            raise ValueError(f"a compressed chunk needs positions and head_mask {tuple(self.keys.shape[:3])}")
         if self.pre_rope and self.inv_freq is None:
             raise ValueError("pre-RoPE keys need their inv_freq")
 
@@ -52,7 +51,8 @@ class ChunkKV:
         """Keys [L, H, T, D] rotated for positions start..start+T-1, with one rotation from either form,
         on `device` (default: where they are).
 
-        Post-RoPE keys are re-rotated by `start`; pre-RoPE keys are rotated by start + i (i = 0..T-1).
+        Post-RoPE keys are re-rotated by `start`; pre-RoPE keys are rotated by start + their position (i for
+        slot i; a compressed chunk's own positions per entry).
         Frequencies: the chunk's own, else `inv_freq`. Triton on CUDA (kvstore/kernels/dispatch.py)."""
         keys = self.keys.to(device) if device is not None else self.keys
         freq = self.inv_freq if self.inv_freq is not None else inv_freq
@@ -60,8 +60,14 @@ class ChunkKV:
             return keys.to(out_dtype or keys.dtype)
         if freq is None:
             raise ValueError("placing keys at an offset needs inv_freq")
-        delta = start + torch.arange(self.num_tokens, device=keys.device) if self.pre_rope else start
+        delta = start + self._slot_positions(keys.device) if self.pre_rope else start
         return dispatch.rerotate_keys(keys, delta, freq.to(keys.device), out_dtype=out_dtype)
+
+    def _slot_positions(self, device) -> torch.Tensor:
+        """Each key slot's position in the chunk: [T], or [L, H, T] for a compressed chunk."""
+        if self.positions is not None:
+            return self.positions.to(device)
+        return torch.arange(self.num_tokens, device=device)
 
     def with_rope(self, pre_rope: bool) -> "ChunkKV":
         """The same KV with keys in the asked form: pre-RoPE (un-rotated) or rotated at 0..n-1."""
@@ -71,6 +77,6 @@ class ChunkKV:
             raise ValueError("un-rotating keys needs the chunk's inv_freq (ModelRunner.chunk_kv sets it)")
         if not pre_rope:
             return replace(self, keys=self.keys_at(0), pre_rope=False)
-        positions = torch.arange(self.num_tokens, device=self.keys.device)
+        positions = self._slot_positions(self.keys.device)
         keys = dispatch.rerotate_keys(self.keys, -positions, self.inv_freq.to(self.keys.device))
         return replace(self, keys=keys, pre_rope=True)

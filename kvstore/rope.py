@@ -20,8 +20,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions: [T] -> cos, sin: [T, D] (unit-scaled, fp32)."""
-    angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # [T, D/2]
+    """positions: [..., T] -> cos, sin: [..., T, D] (unit-scaled, fp32)."""
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)  # [..., T, D/2]
     emb = torch.cat((angles, angles), dim=-1)
     return emb.cos(), emb.sin()
 
@@ -36,10 +36,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def rerotate_keys(keys: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor,
                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """keys: [..., T, D] rotated at positions p -> rotated at p + delta (delta: int or [T]), in fp32 math,
-    cast to out_dtype (default keys.dtype)."""
+    """keys: [..., T, D] rotated at positions p -> rotated at p + delta, in fp32 math, cast to out_dtype
+    (default keys.dtype). delta: an int, [T] (per token) or keys.shape[:-1] (per entry: a compressed
+    chunk's heads keep different tokens)."""
     num_tokens = keys.shape[-2]
-    deltas = torch.as_tensor(delta, device=keys.device).expand(num_tokens) if torch.as_tensor(delta).dim() == 0 \
-        else torch.as_tensor(delta, device=keys.device)
+    deltas = torch.as_tensor(delta, device=keys.device)
+    deltas = deltas.expand(num_tokens) if deltas.dim() == 0 else deltas
     cos, sin = rope_cos_sin(deltas, inv_freq.to(keys.device))
     return apply_rope(keys.float(), cos, sin).to(out_dtype or keys.dtype)

@@ -91,6 +91,8 @@ class Engine:
         # the chunk form is part of what a chunk block is addressed and verified by
         fingerprint = chunk_fingerprint(self.runner.kv_fingerprint, self.runner.tokenizer, config.chunk_form)
         self.store = BlockStore(backend, config.codec, fingerprint, device=self.runner.device)
+        shape = self.runner.shape  # a codec that cannot hold this model's KV is refused now, not at the first chunk
+        self.store.codec.payload_size((shape.num_layers, shape.num_kv_heads, 1, shape.head_dim))
         # same backend, own codec: the codec is part of the address, so the two never collide
         self.prefix_store = BlockStore(backend, PREFIX_CODEC, self.runner.kv_fingerprint)
         self.blend_setting = blend_setting(config, self.runner)  # (config, "calibrated" | "default")
@@ -149,9 +151,6 @@ class Engine:
             compression = None
         if compression is not None:
             check_ingest_spec(compression)
-            if self.store.codec.pre_rope:
-                raise InvalidArgument("compression", f"chunks compressed at ingest need a codec without pre_rope, "
-                                                     f"the store's is {self.store.codec.spec()}")
         block_namespace = chunk_namespace(namespace, None if compression is None else compression_json(compression))
         token_lists = [self.tokenize_chunk(text, f"chunks[{i}]") for i, text in enumerate(texts)]
         refs = []

@@ -9,7 +9,10 @@ check with transformers' QuantizedCache, found that on the default model the 2-b
 damage is in the keys, so the widths are split: `k4v2` = keys 4-bit, values 2-bit.
 
 One implementation (`KiviCodec` over two `GroupQuant`s); every registered name is a
-small dataclass that fixes its widths. With `residual` R > 0 (a decode-time cache)
+small dataclass that fixes its widths. The `h` codecs (`hk4v3`, ...) store pre-RoPE keys, rotate
+the head dimension by a fixed Hadamard matrix (kvstore/codecs/rotation.py) and use longer groups:
+keys share a scale over `key_group` = 128 tokens, values over all `value_group` = 64 channels, so
+the overhead falls from 16 to 6 bytes a token and pays for a bit of the values. With `residual` R > 0 (a decode-time cache)
 the most recent R tokens stay fp16. With `pre_rope` the block layer stores the keys
 before rotary embedding (KVQuant, Hooper et al., 2024): see kvstore/block.py.
 
@@ -25,6 +28,8 @@ Payload, all C-order, little-endian; Tq = tokens - min(R, tokens), KB/VB = key/v
 Bytes per (layer, head, token) at D = 64, G = 32, full key groups, scales and zeros
 counted: keys 8*KB + 8, values 8*VB + 8, against fp16's 256:
     kivi2 48 (0.1875)  k3v2 56 (0.219)  k3v3 64 (0.25)  k4v2 64 (0.25)  k4v3 72 (0.281)  k4v4 80 (0.3125)
+and for the rotated codecs (key groups of 128 tokens, one value group of 64 channels), keys 8*KB + 2,
+values 8*VB + 4:  hk4v2 54 (0.211)  hk3v4 62 (0.242)  hk4v3 62 (0.242)  hk4v4 70 (0.273)
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.codecs import quant
+from kvstore.codecs import quant, rotation
 from kvstore.codecs.base import Codec, CodecError, PayloadReader, Shape, check_shape, register_codec
 from kvstore.kernels import dispatch as kernels
 
@@ -49,6 +54,7 @@ class GroupQuant:
     bits: int
     group_size: int
     per_channel: bool
+    rotated: bool = False  # quantize x·R, decode to y·Rᵀ (rotation.py)
 
     def meta_shape(self, lead: Lead, tokens: int, dim: int) -> tuple[int, ...]:
         if self.per_channel:
@@ -62,7 +68,7 @@ class GroupQuant:
     def encode(self, x: torch.Tensor) -> list[torch.Tensor]:
         """x [..., T, D] -> [codes [..., T, D*bits/8], scale, zero] on x's device."""
         op = kernels.quantize_channel if self.per_channel else kernels.quantize_token
-        return list(op(x, self.bits, self.group_size))
+        return list(op(rotation.rotate(x) if self.rotated else x, self.bits, self.group_size))
 
     def decode(self, r: PayloadReader, lead: Lead, tokens: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
         codes = r.take(torch.uint8, (*lead, tokens, dim * self.bits // 8))
@@ -71,7 +77,9 @@ class GroupQuant:
         if not tokens:
             return torch.empty((*lead, 0, dim), dtype=dtype, device=r.device)
         op = kernels.dequantize_channel if self.per_channel else kernels.dequantize_token
-        return op(codes, scale, zero, self.bits, self.group_size, out_dtype=dtype)
+        if not self.rotated:
+            return op(codes, scale, zero, self.bits, self.group_size, out_dtype=dtype)
+        return rotation.unrotate(op(codes, scale, zero, self.bits, self.group_size, out_dtype=torch.float32), dtype)
 
 
 @dataclass(frozen=True)
@@ -83,26 +91,33 @@ class KiviCodec(Codec):
     group_size: int = 32
     residual: int = 0
     pre_rope: bool = False
+    key_group: int = 0  # tokens per key scale; 0 = group_size
+    value_group: int = 0  # channels per value scale; 0 = group_size
+    rotate: bool = False  # Hadamard-rotate the head dimension of keys and values first
 
     def __post_init__(self) -> None:
-        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or \
-                not 1 <= self.group_size <= 4096:
-            raise ValueError(f"{self.name}: group_size must be an int in [1, 4096], got {self.group_size!r}")
+        for name in ("group_size", "key_group", "value_group"):
+            value, low = getattr(self, name), 1 if name == "group_size" else 0
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 4096:
+                raise ValueError(f"{self.name}: {name} must be an int in [{low}, 4096], got {value!r}")
+        if not isinstance(self.rotate, bool):
+            raise ValueError(f"{self.name}: rotate must be a bool, got {self.rotate!r}")
         if not isinstance(self.residual, int) or isinstance(self.residual, bool) or not 0 <= self.residual <= 1 << 20:
             raise ValueError(f"{self.name}: residual must be an int >= 0, got {self.residual!r}")
         if not isinstance(self.pre_rope, bool):
             raise ValueError(f"{self.name}: pre_rope must be a bool, got {self.pre_rope!r}")
 
     def params(self) -> dict:
-        return {"group_size": self.group_size, "residual": self.residual, "pre_rope": self.pre_rope}
+        return {"group_size": self.group_size, "residual": self.residual, "pre_rope": self.pre_rope,
+                "key_group": self.key_group, "value_group": self.value_group, "rotate": self.rotate}
 
     @property
     def keys_quant(self) -> GroupQuant:
-        return GroupQuant(self.key_bits, self.group_size, per_channel=True)
+        return GroupQuant(self.key_bits, self.key_group or self.group_size, per_channel=True, rotated=self.rotate)
 
     @property
     def values_quant(self) -> GroupQuant:
-        return GroupQuant(self.value_bits, self.group_size, per_channel=False)
+        return GroupQuant(self.value_bits, self.value_group or self.group_size, per_channel=False, rotated=self.rotate)
 
     def _split(self, tokens: int) -> tuple[int, int]:
         resid = min(self.residual, tokens)
@@ -113,6 +128,8 @@ class KiviCodec(Codec):
         try:
             quant.check_pack(dim, self.key_bits)
             quant.check_pack(dim, self.value_bits)
+            if self.rotate:
+                rotation.check_dim(dim)
         except ValueError as e:
             raise CodecError(f"{self.name} head_dim {dim}: {e}") from None
         tq, resid = self._split(tokens)
@@ -141,12 +158,20 @@ class KiviCodec(Codec):
         return torch.cat((k, k_res.to(dtype)), dim=2), torch.cat((v, v_res.to(dtype)), dim=2)
 
 
-def _widths(name: str, key_bits: int, value_bits: int, pre_rope: bool, doc: str) -> type[KiviCodec]:
-    """Register the KIVI-layout codec `name`: a KiviCodec subclass that fixes the widths and the pre_rope default."""
+def _widths(name: str, key_bits: int, value_bits: int, pre_rope: bool, doc: str, **defaults) -> type[KiviCodec]:
+    """Register the KIVI-layout codec `name`: a KiviCodec subclass that fixes the widths and the
+    defaults of pre_rope and of any other field given in `defaults`."""
+    defaults = {"pre_rope": pre_rope, **defaults}
     cls = type(name.upper(), (KiviCodec,), {
-        "__doc__": doc, "__module__": __name__, "__qualname__": name.upper(), "__annotations__": {"pre_rope": bool},
-        "name": name, "key_bits": key_bits, "value_bits": value_bits, "pre_rope": pre_rope})
+        "__doc__": doc, "__module__": __name__, "__qualname__": name.upper(),
+        "__annotations__": {k: KiviCodec.__dataclass_fields__[k].type for k in defaults},
+        "name": name, "key_bits": key_bits, "value_bits": value_bits, **defaults})
     return register_codec(dataclass(frozen=True)(cls))
+
+
+def _rotated(name: str, key_bits: int, value_bits: int, doc: str) -> type[KiviCodec]:
+    """A Hadamard-rotated codec with pre-RoPE keys: key groups of 128 tokens, one value group of 64 channels."""
+    return _widths(name, key_bits, value_bits, True, doc, key_group=128, value_group=64, rotate=True)
 
 
 Kivi2 = _widths("kivi2", 2, 2, False, "KIVI's 2-bit keys and values: available, not the default (2-bit keys cost answers).")
@@ -155,3 +180,7 @@ K3V3 = _widths("k3v3", 3, 3, False, "Keys and values 3-bit.")
 K4V2 = _widths("k4v2", 4, 2, False, "Keys 4-bit per channel, values 2-bit per token (0.25 of fp16 at D = 64).")
 K4V3 = _widths("k4v3", 4, 3, False, "Keys 4-bit, values 3-bit.")
 K4V4 = _widths("k4v4", 4, 4, False, "Keys and values 4-bit, in the KIVI layout.")
+HK3V4 = _rotated("hk3v4", 3, 4, "Rotated; keys 3-bit over 128-token groups, values 4-bit (0.24 of fp16 at D = 64).")
+HK4V2 = _rotated("hk4v2", 4, 2, "Rotated; keys 4-bit over 128-token groups, values 2-bit (0.21 of fp16 at D = 64).")
+HK4V3 = _rotated("hk4v3", 4, 3, "Rotated; keys 4-bit over 128-token groups, values 3-bit (0.24 of fp16 at D = 64).")
+HK4V4 = _rotated("hk4v4", 4, 4, "Rotated; keys and values 4-bit (0.27 of fp16 at D = 64).")

@@ -119,8 +119,9 @@ def dequantize_channel(codes, scale, zero, bits: int, group_size: int, *, delta=
 
 def rerotate_keys(keys: torch.Tensor, delta, inv_freq: torch.Tensor, out_dtype: torch.dtype | None = None,
                   backend: str | None = None) -> torch.Tensor:
-    """keys [..., T, D] rotated at positions p -> at p + delta (int or [T]), cast to out_dtype."""
-    if resolve_backend(keys, backend) == "torch":
+    """keys [..., T, D] rotated at positions p -> at p + delta (int, [T], or keys.shape[:-1] per entry: the
+    torch path), cast to out_dtype."""
+    if resolve_backend(keys, backend) == "torch" or (torch.is_tensor(delta) and delta.dim() > 1):
         return reference.rerotate_keys(keys, delta, inv_freq, out_dtype)
     out = _kernels().dequantize(None, None, None, 8, 1, keys.shape[-1], raw=_flat(keys),
                                 delta=_check_rotation(delta, inv_freq), inv_freq=inv_freq,

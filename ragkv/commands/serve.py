@@ -87,5 +87,10 @@ def run(args: argparse.Namespace) -> int:
     from ragkv.server import logs
     from ragkv.server.app import serve
 
+    from kvstore.codecs import CodecError
+
     logs.configure(config.log_level)
-    return serve(config)
+    try:
+        return serve(config)
+    except CodecError as e:  # the codec does not fit the loaded model (e.g. a rotated codec, head_dim 80)
+        raise flag_error("serve", f"--codec: {e}") from e

@@ -12,6 +12,7 @@ import torch
 
 from kvstore.codecs import KiviCodec, make_codec
 from kvstore.codecs.base import to_bytes
+from kvstore.codecs.rotation import rotate, unrotate
 from kvstore.kernels import dispatch as K
 
 # [layers, kv_heads, tokens, head_dim]
@@ -142,19 +143,22 @@ def test_fused_out_dtype(device):
 @pytest.mark.parametrize("name,params", [("int8", {}), ("int8", {"symmetric": True}), ("int4", {}),
                                          ("int4", {"group_size": 5}), ("kivi2", {}), ("kivi2", {"group_size": 4}),
                                          ("k4v2", {}), ("k3v2", {"group_size": 5}), ("k3v3", {}), ("k4v3", {}),
-                                         ("k4v4", {"group_size": 4})])
+                                         ("k4v4", {"group_size": 4}), ("hk4v2", {}), ("hk4v3", {"key_group": 4}),
+                                         ("hk4v4", {})])
 def test_codec_payload_round_trip(device, name, params):
     shape = (2, 3, 9, 64)
     keys, values = make_kv(shape, seed=3), make_kv(shape, seed=4)
     codec = make_codec(name, **params)
     payload = codec.encode(keys, values)
     kivi = isinstance(codec, KiviCodec)
+    turn = rotate if kivi and codec.rotate else (lambda x: x)  # rotated codecs: torch rotation, Triton quantization
+    back = unrotate if kivi and codec.rotate else (lambda x: x)
 
     def enc(x, per_channel=False):
         if kivi:
-            g = codec.group_size
-            return K.quantize_channel(x, codec.key_bits, g, backend="triton") if per_channel else \
-                K.quantize_token(x, codec.value_bits, g, backend="triton")
+            return K.quantize_channel(turn(x), codec.key_bits, codec.keys_quant.group_size, backend="triton") \
+                if per_channel else K.quantize_token(turn(x), codec.value_bits, codec.values_quant.group_size,
+                                                     backend="triton")
         if name == "int4":
             return K.quantize_token(x, 4, codec.group_size, backend="triton")
         return K.quantize_token(x, 8, shape[-1], codec.symmetric, backend="triton")
@@ -165,8 +169,8 @@ def test_codec_payload_round_trip(device, name, params):
     ref_k, ref_v = codec.decode(payload, shape, torch.float32)
     kq, ks, kz, vq, vs, vz = parts  # zero is None for symmetric int8
     if kivi:
-        out_k = K.dequantize_channel(kq, ks, kz, codec.key_bits, codec.group_size, backend="triton")
-        out_v = K.dequantize_token(vq, vs, vz, codec.value_bits, codec.group_size, backend="triton")
+        out_k = back(K.dequantize_channel(kq, ks, kz, codec.key_bits, codec.keys_quant.group_size, backend="triton"))
+        out_v = back(K.dequantize_token(vq, vs, vz, codec.value_bits, codec.values_quant.group_size, backend="triton"))
     else:
         bits, g, sym = (4, codec.group_size, False) if name == "int4" else (8, shape[-1], codec.symmetric)
         out_k = K.dequantize_token(kq, ks, kz, bits, g, symmetric=sym, backend="triton")

@@ -7,7 +7,7 @@ import torch
 
 from kvstore.block import decode_block, encode_block
 from kvstore.codecs import CODECS, CodecError, KiviCodec, codec_from_spec, make_codec
-from kvstore.codecs import quant
+from kvstore.codecs import quant, rotation
 from kvstore.kv import ChunkKV
 from kvstore.rope import rerotate_keys
 
@@ -19,7 +19,9 @@ from kvstore.rope import rerotate_keys
 # kivi2 g16 + 16 fp16 residual tokens 0.145 / 0.304, kivi2 pre-RoPE 0.178 / 0.413;
 # KIVI layout, keys (post-RoPE / pre-RoPE): 3 bit 0.0851 / 0.0754, 4 bit 0.0397 / 0.0352,
 # g16 + 16 residual 4 bit 0.0286 / 0.0256; values 2 bit 0.413, 3 bit 0.177, 4 bit 0.0825.
-# Bounds leave ~10-20% headroom.
+# Rotated (Hadamard, key groups of 128 tokens, one value group of 64 channels; pre-RoPE keys by default): keys 4 bit
+# 0.0433 (post-RoPE 0.0528), 3 bit 0.0931 (post 0.113); values 2 bit 0.448, 3 bit 0.191, 4 bit 0.0894 (the same groups unrotated: keys 0.0512, values
+# 3 bit 0.208). Bounds leave ~10-20% headroom.
 POST, PRE = {"pre_rope": False}, {"pre_rope": True}
 CASES = [
     ("fp16", {}, 1e-3, 1e-3),
@@ -39,6 +41,11 @@ CASES = [
     ("k4v3", PRE, 0.040, 0.20),
     ("k4v4", POST, 0.046, 0.095),
     ("k4v4", PRE, 0.040, 0.095),
+    ("hk4v2", {}, 0.05, 0.49),
+    ("hk3v4", {}, 0.11, 0.10),
+    ("hk4v3", {}, 0.05, 0.21),
+    ("hk4v3", POST, 0.06, 0.21),
+    ("hk4v4", {}, 0.05, 0.10),
 ]
 KIVI_NAMES = sorted(name for name, cls in CODECS.items() if issubclass(cls, KiviCodec))
 
@@ -124,10 +131,13 @@ def test_size_ratios_vs_fp16():
     expected = {"k3v2": 56, "k3v3": 64, "k4v2": 64, "k4v3": 72, "k4v4": 80}
     for name, nbytes in expected.items():
         assert make_codec(name).payload_size(shape) / fp16 == pytest.approx(nbytes / 256)
+    # rotated, key groups of 128 tokens (two per 256-token chunk), one value group: keys 8*KB + 2, values 8*VB + 4
+    for name, nbytes in {"hk4v2": 54, "hk3v4": 62, "hk4v3": 62, "hk4v4": 70}.items():
+        assert make_codec(name).payload_size(shape) / fp16 == pytest.approx(nbytes / 256)
 
 
 def test_spec_and_registry_errors():
-    kivi2 = {"group_size": 32, "residual": 0, "pre_rope": False}
+    kivi2 = {"group_size": 32, "residual": 0, "pre_rope": False, "key_group": 0, "value_group": 0, "rotate": False}
     assert codec_from_spec("kivi2") == codec_from_spec({"name": "kivi2", "params": kivi2})
     assert make_codec("kivi2").spec() == {"name": "kivi2", "params": kivi2}
     assert make_codec("k4v2", pre_rope=True) != make_codec("k4v2", pre_rope=False)
@@ -143,7 +153,33 @@ def test_spec_and_registry_errors():
         make_codec("int4", group_size=0)
 
 
+def test_rotated_codec_fields_are_checked():
+    assert make_codec("hk4v3").params() == {"group_size": 32, "residual": 0, "pre_rope": True, "key_group": 128,
+                                            "value_group": 64, "rotate": True}
+    assert make_codec("hk4v3") != make_codec("hk4v3", rotate=False)
+    with pytest.raises(CodecError, match="power-of-two head_dim"):
+        make_codec("hk4v3").payload_size((1, 1, 4, 48))
+    with pytest.raises(ValueError, match="key_group"):
+        make_codec("hk4v3", key_group=-1)
+    with pytest.raises(ValueError, match="rotate"):
+        make_codec("hk4v3", rotate="yes")
+
+
 # -- the math, called directly ---------------------------------------------------------
+
+def test_rotation_is_orthogonal_and_undone():
+    for dim in (2, 64, 128):
+        r = rotation.rotation(dim, "cpu").double()
+        torch.testing.assert_close(r @ r.T, torch.eye(dim, dtype=torch.float64), atol=1e-6, rtol=0)
+    x = torch.randn(3, 5, 64)
+    assert rel_err(rotation.unrotate(rotation.rotate(x)), x) < 1e-6
+    assert rel_err(rotation.rotate(x), x) > 0.5  # really mixes channels
+    spiky = torch.zeros(1, 64)
+    spiky[0, 7] = 8.0  # one outlier channel is spread over all channels
+    assert rotation.rotate(spiky).abs().max() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="power-of-two"):
+        rotation.check_dim(96)
+
 
 def test_pack_layouts_are_low_bits_first():
     q = torch.tensor([[1, 2, 3, 0, 3, 3, 3, 3]], dtype=torch.uint8)

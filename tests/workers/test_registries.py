@@ -58,6 +58,7 @@ def test_chunk_forms_flag_and_helm_enum_follow_the_registry():
 
     schema = json.loads((Path(__file__).parents[2] / "helm/ragkv/values.schema.json").read_text())
     assert set(schema["properties"]["server"]["properties"]["chunkForm"]["enum"]) == set(CHUNK_FORMS)
+    assert set(schema["properties"]["server"]["properties"]["codec"]["enum"]) == set(CODECS)  # the chart's codecs
     assert ServeConfig().engine.chunk_form == DEFAULT_CHUNK_FORM
     args = build_parser("serve").parse_args(["serve", "--chunk-form", "alone"])
     assert config_from_args(args).engine.chunk_form == "alone"

@@ -60,7 +60,7 @@ def compress_chunk(runner, kv: ChunkKV, spec: CompressionSpec) -> tuple[ChunkKV,
                                  scale=runner.layers[0].self_attn.scaling, ingest=True)
     compressor.prepare(runner, cache, list(kv.token_ids), (0, n))
     stats = compressor.compress(cache)
-    return to_chunk(cache, kv.token_ids, compression), stats
+    return to_chunk(cache, kv.token_ids, compression, kv.inv_freq), stats
 
 
 def compression_json(spec: CompressionSpec) -> dict:
@@ -81,8 +81,10 @@ def _jsonable(value):
     return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
 
 
-def to_chunk(cache: KVCache, token_ids: list[int], compression: dict) -> ChunkKV:
-    """A compressed cache (layers of any layout) -> ChunkKV [L, Hkv, S, D], S = the longest head."""
+def to_chunk(cache: KVCache, token_ids: list[int], compression: dict,
+             inv_freq: torch.Tensor | None = None) -> ChunkKV:
+    """A compressed cache (layers of any layout) -> ChunkKV [L, Hkv, S, D], S = the longest head; `inv_freq`:
+    the keys' RoPE frequencies (a pre-RoPE codec un-rotates each kept key by its position with them)."""
     heads = cache.layers[0].keys.shape[0]
     slots = max(kv.num_tokens for kv in cache.layers)
     keys = torch.zeros(len(cache.layers), heads, slots, cache.layers[0].keys.shape[-1], dtype=cache.layers[0].keys.dtype)
@@ -96,7 +98,7 @@ def to_chunk(cache: KVCache, token_ids: list[int], compression: dict) -> ChunkKV
         head_mask[i, :, :t] = True if kv.head_mask is None else kv.head_mask.cpu()
     positions = positions.masked_fill(~head_mask, 0)
     return ChunkKV(keys=keys * head_mask[..., None], values=values * head_mask[..., None], token_ids=list(token_ids),
-                   positions=positions, head_mask=head_mask, compression=compression)
+                   inv_freq=inv_freq, positions=positions, head_mask=head_mask, compression=compression)
 
 
 def place_chunk(keys: torch.Tensor, values: torch.Tensor, head_mask: torch.Tensor, start: int, chunk: ChunkKV,
