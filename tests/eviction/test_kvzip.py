@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.cache import KVCache
+from workers.cache import KVCache, LayerKV
 from workers.eviction import POLICIES, make_compressor
 from workers.eviction.budgets import global_layer_counts, select_per_head
-from workers.eviction.kvzip import reconstruction_scores
+from workers.eviction import scores
+from workers.eviction.kvzip import KVzipSnap, reconstruction_scores
+from workers.eviction.policies import ScoreContext
 from workers.generate import DecodeHooks, SamplingParams, decode
 from workers.prompt import build_prompt
 from workers.requests import CompressionSpec
@@ -116,3 +118,42 @@ def test_decode_semantics(runner, policy, decode_budget):
         assert max(sizes[-1]) <= max(bound, max(after_prefill)) + 1
         assert abs(sum(sizes[-1]) / len(sizes[-1]) - bound) <= 1
         assert compressor.stats()["decode_budget_tokens"] == bound
+
+
+def test_kvzip_snap_is_kvzip_plus_the_question_picks(runner):
+    """share 0 keeps exactly kvzip's set; share > 0 changes it at the same per-layer bytes. The policy reads
+    the question, so it is not query-agnostic (no ingest-time compression)."""
+    assert not POLICIES["kvzip-snap"]().query_agnostic
+
+    def keeps(policy):
+        layout, cache, _, compressor = prefill(runner, QUESTIONS[0], CompressionSpec(policy="kvzip-snap", budget=40))
+        compressor.policy = policy
+        compressor.prepare(runner, cache, layout.token_ids, (0, layout.suffix_start))
+        return compressor.plan(cache)
+
+    plain, none, mixed = keeps(POLICIES["kvzip"]()), keeps(KVzipSnap(share=0.0)), keeps(KVzipSnap(share=0.5))
+    assert all(torch.equal(a, b) for a, b in zip(plain, none))
+    assert [int(k.sum()) for k in mixed] == [int(k.sum()) for k in plain]  # same layer budgets, same bytes
+    assert any(not torch.equal(a, b) for a, b in zip(plain, mixed))
+
+
+def test_kvzip_snap_score_forces_each_heads_top_question_picks():
+    """The math on a synthetic layer: kvzip's scores, with each head's top share x free slots by SnapKV's
+    pooled window attention (protected slots excluded) raised to +inf; nothing else changes."""
+    torch.manual_seed(0)
+    heads, t, d = 2, 30, 8
+    kv = LayerKV(torch.randn(heads, t, d), torch.randn(heads, t, d), torch.arange(t))
+    protected = torch.zeros(heads, t, dtype=torch.bool)
+    protected[:, :4] = True
+    prepared = torch.rand(heads, t)
+    ctx = ScoreContext(layer=0, kv=kv, valid=torch.ones(heads, t, dtype=torch.bool), queries=torch.randn(heads, 3, d),
+                       q_positions=torch.arange(27, 30), accumulated=None, scale=d ** -0.5, free=10,
+                       protected=protected, prepared=prepared)
+    policy = KVzipSnap(share=0.5, kernel=1)
+    out = policy.score(ctx)
+    question = scores.pooled_window_attention(ctx.window_attention(), heads, 1).masked_fill(protected, float("-inf"))
+    picks = torch.topk(question, 5, dim=1).indices
+    assert bool(torch.isinf(out.gather(1, picks)).all())
+    rest = torch.ones_like(protected).scatter(1, picks, False)
+    torch.testing.assert_close(out[rest], prepared[rest])
+    assert not bool(torch.isinf(out[:, :4]).any())  # protection is the Compressor's, not a pick

@@ -29,6 +29,7 @@ import torch
 
 from workers.attention import attention_weights
 from workers.cache import KVCache, LayerKV
+from workers.eviction import scores
 from workers.eviction.budgets import global_layer_counts, round_counts
 from workers.eviction.policies import Policy, ScoreContext, register
 from workers.prompt import template_parts
@@ -151,3 +152,42 @@ class KVzip(Policy):
         counts = global_layer_counts([c.prepared for c in contexts], [c.protected for c in contexts],
                                      [c.valid for c in contexts], budget)
         return round_counts(counts, budget * len(contexts))
+
+
+@register("kvzip-snap")
+@dataclass
+class KVzipSnap(KVzip):
+    """KVzip's query-agnostic scores, with a `share` of every head's budget given to SnapKV's choice.
+
+    The reconstruction score keeps what the model needs to restate the context, budgets over layers
+    and heads included; SnapKV's pooled attention from the question (the observation window, widened
+    to the question in a RAG prompt) picks, per kv head, the top `share` x the layer's free budget,
+    which are kept whatever kvzip scored them. A union of the two choices at the same bytes; it reads
+    the question, so it is not query-agnostic (no ingest-time compression).
+    """
+
+    query_agnostic: ClassVar[bool] = False
+    windowed: ClassVar[bool] = True
+    share: float = 0.25
+    obs_window: int = 32
+    kernel: int = 7
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"kvzip-snap: share must be in [0, 1], got {self.share!r}")
+
+    @property
+    def queries_needed(self) -> int:
+        return self.obs_window
+
+    def score(self, ctx: ScoreContext) -> torch.Tensor:
+        base = super().score(ctx)  # [Hkv, T]
+        attn = ctx.window_attention()
+        picks = round(self.share * ctx.free)
+        if attn is None or picks <= 0:
+            return base
+        question = scores.pooled_window_attention(attn, ctx.num_kv_heads, self.kernel)
+        blocked = ~ctx.valid if ctx.protected is None else (~ctx.valid | ctx.protected)
+        question = question.masked_fill(blocked, float("-inf"))
+        top = torch.topk(question, min(picks, question.shape[1]), dim=1).indices  # [Hkv, picks]
+        return base.scatter(1, top, float("inf")).masked_fill(~ctx.valid, float("-inf"))
