@@ -24,11 +24,18 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, one-line help)
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag is one line on stderr and exit 2 (`--help` still shows the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only `command`'s module is imported to add its arguments."""
-    parser = argparse.ArgumentParser(prog="ragkv", description="Distributed KV-cache service for RAG.")
+    parser = OneLineParser(prog="ragkv", description="Distributed KV-cache service for RAG.")
     parser.add_argument("--version", action="version", version=f"ragkv {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=OneLineParser)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:

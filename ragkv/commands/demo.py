@@ -11,14 +11,16 @@ import argparse
 import statistics
 
 from kvstore.backends.redis_backend import redact_url
+from kvstore.codecs import CODECS, DEFAULT_CODEC
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
     parser.add_argument("--store", default="", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
-    # int4, not serve's kivi2 default: on the 135M default model 2-bit KV visibly hurts answers
-    # (README, Benchmarks); the stored-bytes table still shows what every codec would take
-    parser.add_argument("--codec", default="int4", help="codec of stored chunks (default int4)")
+    # unset: the serving default (kvstore.codecs.DEFAULT_CODEC, chosen by the quality suite); the stored-bytes
+    # table still shows what every codec would take
+    parser.add_argument("--codec", choices=sorted(CODECS), default=None,
+                        help=f"codec of stored chunks (default {DEFAULT_CODEC}, as `ragkv serve`)")
     parser.add_argument("--max-new-tokens", type=int, default=24)
 
 
@@ -27,7 +29,7 @@ def _stored_bytes_table(engine, refs, console) -> None:
     from rich.table import Table
 
     from kvstore.block import encode_block
-    from kvstore.codecs import CODECS, make_codec
+    from kvstore.codecs import make_codec
 
     # encode freshly computed KV: re-encoding KV decoded from the serving codec would flatter the others
     headers = [h for h in (engine.store.get_header(ref.id) for ref in refs) if h is not None]

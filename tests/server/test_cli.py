@@ -43,6 +43,16 @@ def test_bad_flags_print_one_line_and_exit_2(flags, named, capsys, monkeypatch):
     assert err.count("\n") == 1 and err.startswith("ragkv serve: ") and named in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["serve", "--codec", "nope"], ["demo", "--codec", "nope"], ["serve", "--port", "x"],
+                                  ["bench", "nope"], ["no-such-command"], ["serve", "--no-such-flag"]])
+def test_argparse_errors_are_one_line_and_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: " in err and "usage" not in err
+
+
 def test_codec_flag_and_config_read_the_codec_registry():
     from kvstore.codecs import CODECS
 
