@@ -12,9 +12,11 @@ One implementation (`KiviCodec` over two `GroupQuant`s); every registered name i
 small dataclass that fixes its widths. The `h` codecs (`hk4v3`, ...) store pre-RoPE keys, rotate
 the head dimension by a fixed Hadamard matrix (kvstore/codecs/rotation.py) and use longer groups:
 keys share a scale over `key_group` = 128 tokens, values over all `value_group` = 64 channels, so
-the overhead falls from 16 to 6 bytes a token and pays for a bit of the values. With `residual` R > 0 (a decode-time cache)
-the most recent R tokens stay fp16. With `pre_rope` the block layer stores the keys
-before rotary embedding (KVQuant, Hooper et al., 2024): see kvstore/block.py.
+the overhead falls from 16 to 6 bytes a token and pays for a bit of the values.
+
+With `residual` R > 0 (a decode-time cache) the most recent R tokens stay fp16. With `pre_rope`
+the block layer stores the keys before rotary embedding (KVQuant, Hooper et al., 2024): see
+kvstore/block.py. G below is the key group (tokens) or the value group (channels).
 
 Payload, all C-order, little-endian; Tq = tokens - min(R, tokens), KB/VB = key/value bits:
     k_codes  [L, H, Tq, D*KB/8]       uint8, quant.pack_bits along D
