@@ -39,8 +39,9 @@ def _matrix(dim: int) -> torch.Tensor:
     return _signs(dim)[:, None] * h / math.sqrt(dim)
 
 
+@functools.cache
 def rotation(dim: int, device: torch.device | str) -> torch.Tensor:
-    """R [D, D] float32 on `device`."""
+    """R [D, D] float32 on `device`, made once per device (every block encode and decode uses it)."""
     return _matrix(dim).to(device=device, dtype=torch.float32)
 
 

@@ -190,4 +190,4 @@ class KVzipSnap(KVzip):
         blocked = ~ctx.valid if ctx.protected is None else (~ctx.valid | ctx.protected)
         question = question.masked_fill(blocked, float("-inf"))
         top = torch.topk(question, min(picks, question.shape[1]), dim=1).indices  # [Hkv, picks]
-        return base.scatter(1, top, float("inf")).masked_fill(~ctx.valid, float("-inf"))
+        return base.scatter(1, top, float("inf"))  # invalid and protected slots: select_per_head sets them aside
