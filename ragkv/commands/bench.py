@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                       "policy:snapkv@0.2[:noprot], ...)")
     quality.add_argument("--preset", choices=sorted(PRESETS),
                          help="quality: a named configuration set (default: standard; quick with --quick)")
+    quality.add_argument("--answer-tokens", type=_positive, metavar="N",
+                         help="quality: answer length for every family instead of each family's own (a diagnostic: "
+                              "does a miss lose the fact, or state it after the family's limit?)")
     quality.add_argument("--plots", metavar="DIR", help="quality, serve: write PNG plots here")
     quality.add_argument("--report", metavar="MD", help="quality: write the Markdown tables here")
 
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.suite == "quality":
         kwargs.update(split=args.split, families=args.families, per_family=args.per_family,
                       sizes=tuple(args.sizes) if args.sizes else None, configs=args.configs, preset=args.preset,
-                      codec=args.codec,
+                      codec=args.codec, answer_tokens=args.answer_tokens,
                       plots=args.plots, report=args.report, model=args.model, prefill_kernel=args.prefill_kernel)
     if args.suite == "serve":
         kwargs.update(plots=args.plots, **({"max_batch": args.max_batch} if args.max_batch else {}))

@@ -57,6 +57,19 @@ def test_positions_and_depths_are_swept(both_splits):
     assert len({p.depth for p in prompts}) >= 2
 
 
+def test_every_three_prompts_cover_every_position_and_depth():
+    """A short run must not sit at one depth: any 3 consecutive prompts of a family cover all positions
+    and depths, any 9 all pairs (the old order put the standard run's facts at depth 0.1, 0.1, 0.1, 0.5)."""
+    from ragkv.bench.quality.prompts import DEPTHS, POSITIONS, placement
+
+    for start in range(0, 18, 3):
+        block = [placement(i) for i in range(start, start + 3)]
+        assert {p for p, _ in block} == set(POSITIONS) and {d for _, d in block} == set(DEPTHS)
+    assert len({placement(i) for i in range(9)}) == 9
+    prompts = make_prompts("test", count_words, ["single_needle"], per_family=4)
+    assert sorted(p.depth for p in prompts) == [0.1, 0.5, 0.5, 0.9]
+
+
 def test_prompt_sizes_reach_their_targets(runner):
     count = lambda text: len(runner.tokenize(text))  # noqa: E731
     from ragkv.bench.quality.evaluate import PromptContext
@@ -113,9 +126,24 @@ def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
         for metric in ("accuracy", "agreement_vs_full", "kl_vs_full", "kv_bytes_vs_full"):
             assert set(data[metric]) == set(result["configs"])
         assert data["agreement_vs_full"]["full"] == 1.0 and data["agreement_vs_full"]["blend@1.0"] == 1.0
+        for name in result["configs"]:  # the per-prompt outcomes paired comparisons read are the accuracies
+            correct = data["per_prompt"]["correct"][name]
+            assert len(correct) == data["n"] and sum(correct) / len(correct) == pytest.approx(data["accuracy"][name])
     assert any(p.endswith(".png") and Path(p).stat().st_size > 0 for p in result["plots"])
-    assert "## single_needle" in (tmp_path / "q.md").read_text()
+    report = (tmp_path / "q.md").read_text()
+    assert "## single_needle" in report and "| config vs `full` |" in report
     _check_merge_gives_back_the_whole_run(result, tmp_path)
+
+
+def test_answer_tokens_override_every_familys_answer_length(runner):
+    """--answer-tokens N: each answer is at most N tokens (the family's own limit is 24 here)."""
+    from ragkv.bench.quality.suite import run
+
+    result = run(families=["single_needle"], per_family=1, sizes=(500,), configs=["full"], answer_tokens=3,
+                 progress=False)
+    assert result["answer_tokens"] == 3
+    text = result["answers"]["single_needle"][0]["full"]
+    assert 0 < len(runner.tokenize(text)) <= 3
 
 
 def _check_merge_gives_back_the_whole_run(result, tmp_path):

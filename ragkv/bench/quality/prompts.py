@@ -22,6 +22,15 @@ def target_chunk(position: str, num_chunks: int) -> int:
     return {"first": 0, "middle": num_chunks // 2, "last": num_chunks - 1}[position]
 
 
+def placement(index: int) -> tuple[str, float]:
+    """Where prompt `index` puts its fact: a Latin square over (chunk position, depth in the chunk).
+
+    Every 3 consecutive prompts cover all three positions and all three depths, and every 9 all nine
+    pairs. (Before 2026-12-02 the depth advanced every 3 prompts, so the standard 4-per-family run put
+    3 facts of 4 at depth 0.1 and none at 0.9, which flattered any method that repairs chunk starts.)"""
+    return POSITIONS[index % len(POSITIONS)], DEPTHS[(index + index // len(POSITIONS)) % len(DEPTHS)]
+
+
 def make_prompts(split: str, count_tokens, families: list[str] | None = None, per_family: int = 6,
                  sizes: tuple[int, ...] = (1100,)) -> list[QualityPrompt]:
     """Deterministic: the same split, families and sizes always give the same prompts."""
@@ -40,8 +49,7 @@ def make_prompts(split: str, count_tokens, families: list[str] | None = None, pe
         for name in names:
             fam = FAMILIES[name]
             for index in range(per_family):
-                position = POSITIONS[index % len(POSITIONS)]
-                depth = DEPTHS[(index // len(POSITIONS)) % len(DEPTHS)]
+                position, depth = placement(index)
                 seed = SPLIT_SEEDS[split] + zlib.crc32(f"{name}/{size}/{index}".encode())
                 draw = Draw(random.Random(seed), POOLS[split], max(num_chunks, fam.min_chunks),
                             chunk_tokens, target_chunk(position, num_chunks), depth, count_tokens)

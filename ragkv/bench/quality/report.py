@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ragkv.bench.quality.paired import family_changes, has_outcomes, table
+
 RATIO_RE = re.compile(r"^blend@([0-9.]+)$")
 POLICY_RE = re.compile(r"^policy:([a-z0-9_]+)@([0-9.]+)$")
 CODEC_RE = re.compile(r"^codec:([a-z0-9_]+)$")
@@ -14,19 +16,32 @@ def markdown(result: dict) -> str:
     lines = [f"# Quality suite, split `{result['split']}` (codec for blend/reuse: {result['codec']})", ""]
     sections = {"overall (mean over families)": {"n": result["prompts"], **result["overall"]}}
     sections.update(result["families"])
+    paired = has_outcomes(result)  # runs before per-prompt outcomes have no paired columns
     for family, data in sections.items():
         head = f"## {family}"
         if "prompt_tokens" in data:
             head += f" — {data['n']} prompts, ~{data['prompt_tokens']} tokens"
-        lines += [head, "", "| config | accuracy | agreement with full | KL vs full | KV bytes vs full |",
-                  "|---|---|---|---|---|"]
+        changes = _changes(result, family) if paired and family in result["families"] else {}
+        lines += [head, "", "| config | accuracy | agreement with full | KL vs full | KV bytes vs full "
+                  "| answers gained / lost vs full |", "|---|---|---|---|---|---|"]
         kv_bytes = data.get("kv_bytes_vs_full", {})  # runs before the column have none
         for name in result["configs"]:
             cache = f"{kv_bytes[name]:.2f}" if name in kv_bytes else ""
+            change = "+{} / -{}".format(*changes[name]) if name in changes else ""
             lines.append(f"| {name} | {data['accuracy'][name]:.2f} | {data['agreement_vs_full'][name]:.2f} "
-                         f"| {data['kl_vs_full'][name]:.3f} | {cache} |")
+                         f"| {data['kl_vs_full'][name]:.3f} | {cache} | {change} |")
         lines.append("")
+        if paired and family.startswith("overall"):
+            lines += ["Paired against full on the same prompts (`ragkv/bench/quality/paired.py`):", "",
+                      *table(result, "full"), ""]
+            if "reuse" in result["configs"]:
+                lines += [*table(result, "reuse"), ""]
     return "\n".join(lines)
+
+
+def _changes(result: dict, family: str) -> dict[str, tuple[int, int]]:
+    """{config: (gained, lost)} against full in one family."""
+    return {name: family_changes(result, "full", name)[family] for name in result["configs"]}
 
 
 def codec_bytes_per_token(name: str) -> float:

@@ -6,7 +6,8 @@ prompts, side by side (evaluate.py). JSON per the README's quality section:
 
     {"split", "available_splits", "codec", "configs",
      "families": {FAMILY: {"n", "prompt_tokens", "full_accuracy",
-                           "accuracy": {CONFIG: f}, "agreement_vs_full": {CONFIG: f}, "kl_vs_full": {CONFIG: f}}},
+                           "accuracy": {CONFIG: f}, "agreement_vs_full": {CONFIG: f}, "kl_vs_full": {CONFIG: f},
+                           "per_prompt": {"correct" | "agree": {CONFIG: [0|1 per prompt]}}}},
      "overall": {"accuracy": {...}, "agreement_vs_full": {...}, "kl_vs_full": {...}}}
 """
 
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 from ragkv.bench.quality.configs import parse_config
 from ragkv.bench.quality.evaluate import evaluate_prompt
+from ragkv.bench.quality.paired import per_prompt
 from ragkv.bench.quality.pools import SPLITS
 from ragkv.bench.quality.presets import config_names
 from ragkv.bench.quality.prompts import make_prompts
@@ -27,8 +30,10 @@ METRICS = ("accuracy", "agreement_vs_full", "kl_vs_full", "kv_bytes_vs_full")
 def run(quick: bool = False, progress: bool = True, split: str = "dev", families: list[str] | None = None,
         per_family: int | None = None, sizes: tuple[int, ...] | None = None, configs: list[str] | None = None,
         preset: str | None = None, codec: str | None = None, plots: str | None = None, model: str = "default",
-        threads: int | None = 1, report: str | None = None, prefill_kernel: str | None = None) -> dict:
-    """threads: torch intra-op threads for the run (restored after); 1 is fastest on a small shared box."""
+        threads: int | None = 1, report: str | None = None, prefill_kernel: str | None = None,
+        answer_tokens: int | None = None) -> dict:
+    """threads: torch intra-op threads for the run (restored after); 1 is fastest on a small shared box.
+    answer_tokens: every prompt's answer length instead of its family's (recorded in the result)."""
     import torch
 
     from workers.engine import EngineConfig, blend_setting
@@ -45,12 +50,16 @@ def run(quick: bool = False, progress: bool = True, split: str = "dev", families
         parsed = [parse_config(name) for name in dict.fromkeys(["full", *names])]
         prompts = make_prompts(split, lambda text: len(runner.tokenize(text)), families,
                                per_family or (1 if quick else 4), sizes or ((500,) if quick else (1100,)))
+        if answer_tokens:
+            prompts = [replace(p, max_new_tokens=answer_tokens) for p in prompts]
         default_blend, setting = blend_setting(EngineConfig(model=model, codec=codec), runner)
         result = _run(runner, prompts, parsed, codec, default_blend, progress)
         result["blend_default"] = {"setting": setting, "config": default_blend.name}
     finally:
         torch.set_num_threads(previous)
     result.update(split=split, available_splits=list(SPLITS), model=model, prefill_kernel=prefill_kernel)
+    if answer_tokens:
+        result["answer_tokens"] = answer_tokens
     if plots:
         from ragkv.bench.quality.report import write_plots
 
@@ -91,6 +100,8 @@ def merge(parts: list[dict]) -> dict:
     first = parts[0]
     if any(p["split"] != first["split"] or p["configs"] != first["configs"] for p in parts):
         raise ValueError("only runs of the same split and configs merge")
+    if any(p.get("answer_tokens") != first.get("answer_tokens") for p in parts):
+        raise ValueError("only runs with the same answer length merge")
     families = {name: f for p in parts for name, f in p["families"].items()}
     if len(families) != sum(len(p["families"]) for p in parts):
         raise ValueError("the runs to merge share a family")
@@ -119,4 +130,5 @@ def _summarize(rows: list[dict], tokens: list[int], names: list[str]) -> dict:
         "agreement_vs_full": {n: mean([float(r[n].agree) for r in rows]) for n in names},
         "kl_vs_full": {n: mean([r[n].kl for r in rows]) for n in names},
         "kv_bytes_vs_full": {n: mean([r[n].kv_bytes for r in rows]) for n in names},
+        "per_prompt": per_prompt(rows, names),  # paired comparisons (paired.py) read these
     }

@@ -1,0 +1,86 @@
+"""Paired comparison of quality-suite configs (ragkv/bench/quality/paired.py): pure, no model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ragkv.bench.quality.__main__ import main as quality_main
+from ragkv.bench.quality.paired import bootstrap_ci, compare, family_changes, mcnemar_p, table
+
+
+def run_with(outcomes: dict[str, dict[str, list[int]]]) -> dict:
+    """A quality result whose families hold these per-prompt `correct` outcomes (agree = correct)."""
+    configs = list(next(iter(outcomes.values())))
+    families = {}
+    for family, table_ in outcomes.items():
+        families[family] = {"n": len(table_["full"]), "per_prompt": {"correct": table_, "agree": table_},
+                            "accuracy": {n: sum(v) / len(v) for n, v in table_.items()}}
+    return {"configs": configs, "families": families}
+
+
+def test_mcnemar_is_the_exact_binomial_tail():
+    assert mcnemar_p(0, 0) == 1.0
+    assert mcnemar_p(3, 3) == 1.0
+    assert mcnemar_p(0, 6) == pytest.approx(2 / 2 ** 6)  # 6 losses, no gain: p = 0.031
+    assert mcnemar_p(1, 5) == pytest.approx(2 * (1 + 6) / 2 ** 6)
+    assert mcnemar_p(5, 1) == mcnemar_p(1, 5)
+
+
+def test_gains_losses_and_delta_are_counted_per_prompt():
+    result = run_with({"a": {"full": [1, 1, 0, 1], "x": [1, 0, 1, 0]},
+                       "b": {"full": [1, 1, 1, 1], "x": [1, 1, 1, 1]}})
+    c = compare(result, "full", "x")
+    assert (c.prompts, c.gained, c.lost) == (8, 1, 2)
+    assert c.delta == pytest.approx((0.5 - 0.75 + 0) / 2)  # mean over families, as `overall`
+    assert c.ci[0] <= c.delta <= c.ci[1]
+    assert family_changes(result, "full", "x") == {"a": (1, 2), "b": (0, 0)}
+    assert compare(result, "full", "x") == c  # a fixed seed: the same interval every time
+
+
+def test_the_interval_resolves_a_real_gap_and_not_noise():
+    same = {f"f{i}": {"full": [1, 0, 1, 1], "x": [1, 0, 1, 1]} for i in range(12)}
+    assert compare(run_with(same), "full", "x").ci == (0.0, 0.0)
+    worse = {f"f{i}": {"full": [1, 1, 1, 1], "x": [0, 0, 1, 1]} for i in range(12)}
+    c = compare(run_with(worse), "full", "x")
+    assert c.ci[1] < 0 and not c.within(0.02) and c.p < 1e-6
+    one = {f"f{i}": {"full": [1, 1, 1, 1], "x": [0 if i == 0 else 1, 1, 1, 1]} for i in range(12)}
+    c = compare(run_with(one), "full", "x")  # one answer of 48: the run cannot tell it from nothing
+    assert c.lost == 1 and c.ci[0] < c.delta < 0 <= c.ci[1] and c.p == 1.0
+
+
+def test_bootstrap_stays_inside_each_family():
+    ci = bootstrap_ci({"a": [(1, 0)] * 4, "b": [(0, 0)] * 4})
+    assert ci == (-0.5, -0.5)  # every resample of `a` loses all, of `b` nothing
+
+
+def test_unknown_config_metric_or_old_run_is_a_clear_error():
+    result = run_with({"a": {"full": [1], "x": [0]}})
+    with pytest.raises(ValueError, match="'y' is not in this run"):
+        compare(result, "full", "y")
+    with pytest.raises(ValueError, match="unknown metric"):
+        compare(result, "full", "x", "kl")
+    del result["families"]["a"]["per_prompt"]
+    with pytest.raises(ValueError, match="no per-prompt outcomes"):
+        compare(result, "full", "x")
+
+
+def test_compare_command_prints_the_table_and_rejects_bad_input(tmp_path, capsys):
+    result = run_with({"a": {"full": [1, 1, 0], "x": [0, 1, 1], "reuse": [0, 0, 0]}})
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result))
+    assert quality_main(["compare", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == "\n".join(table(result, "full"))
+    assert "| x | 3 | 1 | 1 |" in out and "| reuse | 3 | 0 | 2 |" in out
+    with pytest.raises(SystemExit) as error:
+        quality_main(["compare", str(path), "--base", "nope"])
+    assert error.value.code == 2 and "'nope' is not in this run" in capsys.readouterr().err
+    assert not math.isnan(compare(result, "full", "x").p)
+    (tmp_path / "bad.json").write_text("{not json")
+    for bad in (tmp_path / "missing.json", tmp_path / "bad.json"):
+        with pytest.raises(SystemExit) as error:
+            quality_main(["compare", str(bad)])
+        assert error.value.code == 2 and capsys.readouterr().err.count("\n") == 1
