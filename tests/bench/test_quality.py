@@ -12,6 +12,7 @@ from ragkv.bench.quality.configs import BlendCodec, CodecOnly, Eviction, Reuse, 
 from ragkv.bench.quality.families import FAMILIES, answer_found
 from ragkv.bench.quality.pools import POOLS
 from ragkv.bench.quality.prompts import SIZES, make_prompts
+from workers.blend import BlendConfig
 
 
 def count_words(text: str) -> int:  # a tokenizer-free stand-in: the prompt shapes need only a count
@@ -204,7 +205,7 @@ def test_the_engine_answers_as_the_suite_measures(runner, tmp_path):
     engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="int8", prefill_kernel="fp32",
                                  batch=BatchConfig(decode_kernel="fp32")), runner=runner)
     count = lambda text: len(runner.tokenize(text))  # noqa: E731
-    rows = {"full": "full", "reuse": "reuse", "blend": "blend:deviation@0.15"}
+    rows = {"full": "full", "reuse": "reuse", "blend": f"blend:{BlendConfig().method}@0.15"}
     try:
         for p in make_prompts("dev", count, ["single_needle", "system_prompt"], per_family=1, sizes=(500,)):
             suite = evaluate_prompt(runner, p, [parse_config(n) for n in rows.values()], codec="int8")

@@ -101,7 +101,7 @@ def test_engine_uses_the_calibrated_setting_when_no_ratio_is_given(runner, tmp_p
     assert (stats["blend_setting"], stats["blend_config"]) == ("request", "legolink@0.5")
     plain = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="fp16", use_calibration=False), runner=runner)
     stats = plain.generate(GenerateRequest(**ask)).stats
-    assert (stats["blend_setting"], stats["blend_config"]) == ("default", "deviation@0.15")
+    assert (stats["blend_setting"], stats["blend_config"]) == ("default", BlendConfig().name)
     engine.close()
     plain.close()
 

@@ -62,4 +62,5 @@ def test_zero_drift_leaves_keys_unchanged():
 
 @pytest.mark.parametrize("drift", [False, True])
 def test_the_config_name_says_whether_drift_runs(drift):
-    assert BlendConfig(recompute_ratio=0.2, drift=drift).name == "deviation@0.2" + (":drift" if drift else "")
+    config = BlendConfig(recompute_ratio=0.2, method="deviation", drift=drift)
+    assert config.name == "deviation@0.2" + (":drift" if drift else "")
