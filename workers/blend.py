@@ -39,8 +39,9 @@ class BlendConfig:
     recompute_ratio: float = 0.15
     check_layer: int = 1  # layer whose K/V deviation picks the tokens (layer 0 K/V do not depend on context)
     deviation: str = "kv"  # "k", "v" or "kv": which fresh-vs-stored difference ranks the tokens
-    # a name in workers.selection.SELECTIONS; gradual beat deviation on 96 balanced dev prompts (README)
-    method: str = "gradual"
+    # a name in workers.selection.SELECTIONS. `gradual` answers better over whole chunks but worse over
+    # chunks compressed at ingest (README, "Selection methods"), so the default stays `deviation`
+    method: str = "deviation"
     sink_tokens: int | None = None  # legolink: first k of every chunk (None = the ratio share); hybrids: 4
     gradual_widen: float = 3.0  # gradual: the first check layer keeps this many times the budget
     gradual_steps: int = 3  # gradual: layers over which the set narrows to the budget
