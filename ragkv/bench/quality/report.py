@@ -17,11 +17,13 @@ def markdown(result: dict) -> str:
     sections = {"overall (mean over families)": {"n": result["prompts"], **result["overall"]}}
     sections.update(result["families"])
     paired = has_outcomes(result)  # runs before per-prompt outcomes have no paired columns
+    # {config: {family: (gained, lost)}} against full, computed once for every family's table
+    by_config = {name: family_changes(result, "full", name) for name in result["configs"]} if paired else {}
     for family, data in sections.items():
         head = f"## {family}"
         if "prompt_tokens" in data:
             head += f" — {data['n']} prompts, ~{data['prompt_tokens']} tokens"
-        changes = _changes(result, family) if paired and family in result["families"] else {}
+        changes = {name: per_family[family] for name, per_family in by_config.items() if family in per_family}
         lines += [head, "", "| config | accuracy | agreement with full | KL vs full | KV bytes vs full "
                   "| answers gained / lost vs full |", "|---|---|---|---|---|---|"]
         kv_bytes = data.get("kv_bytes_vs_full", {})  # runs before the column have none
@@ -37,11 +39,6 @@ def markdown(result: dict) -> str:
             if "reuse" in result["configs"]:
                 lines += [*table(result, "reuse"), ""]
     return "\n".join(lines)
-
-
-def _changes(result: dict, family: str) -> dict[str, tuple[int, int]]:
-    """{config: (gained, lost)} against full in one family."""
-    return {name: family_changes(result, "full", name)[family] for name in result["configs"]}
 
 
 def codec_bytes_per_token(name: str) -> float:
