@@ -21,7 +21,7 @@ With ratio 0 only the always-computed tokens run: the same as plain reuse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -39,15 +39,26 @@ class BlendConfig:
     recompute_ratio: float = 0.15
     check_layer: int = 1  # layer whose K/V deviation picks the tokens (layer 0 K/V do not depend on context)
     deviation: str = "kv"  # "k", "v" or "kv": which fresh-vs-stored difference ranks the tokens
-    # a name in workers.selection.SELECTIONS. `gradual` answers better over whole chunks but worse over
-    # chunks compressed at ingest (README, "Selection methods"), so the default stays `deviation`
-    method: str = "deviation"
+    # names in workers.selection.SELECTIONS. `gradual` answers better over whole chunks and `deviation`
+    # over chunks compressed at ingest (README, "Selection methods"), so the default is one per chunk kind:
+    method: str = "gradual"
+    compressed_method: str | None = "deviation"  # over a prompt holding a chunk compressed at ingest; None: method
     sink_tokens: int | None = None  # legolink: first k of every chunk (None = the ratio share); hybrids: 4
     gradual_widen: float = 3.0  # gradual: the first check layer keeps this many times the budget
     gradual_steps: int = 3  # gradual: layers over which the set narrows to the budget
     probe_layers: int | None = None  # attention: layers of the question probe (None = all)
     key_scale: float = 1.0  # attention temperature on reused chunk keys (APE-style); 1 = off
     drift: bool = False  # shift the stored K/V that are not recomputed by the recomputed ones' drift (drift.py)
+
+    def for_prompt(self, compressed: bool) -> "BlendConfig":
+        """The setting that runs over a prompt (`compressed`: it holds a chunk compressed at ingest)."""
+        if compressed and self.compressed_method not in (None, self.method):
+            return replace(self, method=self.compressed_method, compressed_method=None)
+        return self
+
+    def named(self, method: str) -> "BlendConfig":
+        """`method` over every kind of chunk (a setting asked for by name: `blend:METHOD@RATIO`)."""
+        return replace(self, method=method, compressed_method=None)
 
     @property
     def name(self) -> str:
@@ -124,6 +135,7 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
     """
     if not 0 <= config.check_layer < runner.shape.num_layers:
         raise ValueError(f"check_layer must be in [0, {runner.shape.num_layers}), got {config.check_layer}")
+    config = config.for_prompt(compressed=cache.layers[0].head_mask is not None)  # fuse_chunks masks those
     method = Selection() if reuse else make_selection(config)
     device = runner.device
     ids = torch.tensor(layout.token_ids, device=device)
@@ -153,6 +165,7 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
     stats = {"recomputed_tokens": int(torch.isin(active, chunk_tokens).sum()),
              "always_computed_tokens": int(ctx.always.numel()),
              "check_layer": config.check_layer, "blend_method": "reuse" if reuse else config.method,
+             "blend_config": config.name,
              "key_drift": bool(config.drift and not reuse),
              "recompute_ratio": 0.0 if reuse else config.recompute_ratio,
              # token-layers run, against a full prefill's (a deterministic compute cost)

@@ -340,10 +340,9 @@ class Engine:
         config, setting = self.blend_setting
         if request.recompute_ratio is not None:
             config, setting = replace(config, recompute_ratio=request.recompute_ratio), "request"
-        stats.update(blend_setting=setting, blend_config=config.name)
         logits, blend_stats = blend_prefill(self.runner, layout, cache, computed, config, observer=observer,
                                             reuse=reuse)
-        stats.update(blend_stats)
+        stats.update(blend_stats, blend_setting=setting)  # blend_config: what ran (per chunk kind)
         return logits
 
     def _count(self, stats: dict) -> None:

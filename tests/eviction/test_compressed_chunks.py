@@ -202,5 +202,7 @@ def test_engine_with_a_pre_rope_codec_ingests_compressed_chunks(runner, tmp_path
                                                mode=mode, max_new_tokens=12))
             assert out.stats["compressed_chunks"] == 2 and out.stats["chunks_hit"] == 2
             assert "71942" in out.text, out.text
+        # the default setting runs its method for compressed chunks here (gradual loses over them, README)
+        assert out.stats["blend_method"] == BlendConfig().compressed_method != BlendConfig().method
     finally:
         eng.close()

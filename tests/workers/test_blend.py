@@ -64,3 +64,32 @@ def test_blend_recomputes_the_requested_fraction(runner):
     _, stats = blend_prefill(runner, layout, cache, computed, BlendConfig(recompute_ratio=0.25))
     assert stats["recomputed_tokens"] == round(0.25 * chunk_tokens)
     assert stats["always_computed_tokens"] == int(computed[layout.prefix_len:].sum())
+
+
+def test_the_default_setting_runs_one_method_per_chunk_kind(runner):
+    """Whole chunks run `method`, a prompt holding a chunk compressed at ingest runs `compressed_method`;
+    a method asked for by name runs over both."""
+    from workers.eviction.chunks import compress_chunk
+    from workers.prompt import build_prompt
+    from workers.requests import CompressionSpec
+
+    default = BlendConfig()
+    assert default.for_prompt(compressed=False) == default
+    assert default.for_prompt(compressed=True).method == default.compressed_method
+    named = default.named("legolink")
+    assert named.for_prompt(compressed=True) == named.for_prompt(compressed=False) == named
+
+    chunks = [runner.tokenize("Alpha beta gamma delta. " * 6), runner.tokenize("Epsilon zeta eta theta. " * 6)]
+    layout = build_prompt(runner.tokenizer, "", chunks, "Which letters?")
+    prefix = runner.chunk_kv(layout.prefix_ids)
+    whole = [runner.chunk_kv(c) for c in chunks]
+    small = [compress_chunk(runner, kv, CompressionSpec(policy="kvzip", budget=0.5))[0] for kv in whole]
+    ran = {}
+    for kind, stored in (("whole", whole), ("compressed", small)):
+        for config in (default, named):
+            cache, computed = fuse_chunks(runner, layout, prefix, stored)
+            _, stats = blend_prefill(runner, layout, cache, computed, config)
+            ran[kind, config.method] = (stats["blend_method"], stats["blend_config"])
+    assert ran["whole", default.method] == (default.method, default.name)
+    assert ran["compressed", default.method] == (default.compressed_method, default.for_prompt(True).name)
+    assert ran["whole", "legolink"] == ran["compressed", "legolink"] == ("legolink", named.name)

@@ -115,7 +115,7 @@ class Blend(ConfigKind):
         if self.ratio is not None:
             config = replace(config, recompute_ratio=self.ratio)
         if self.method is not None:
-            config = replace(config, method=self.method)
+            config = config.named(self.method)
         if self.drift is not None:
             config = replace(config, drift=self.drift)
         return config
