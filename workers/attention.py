@@ -40,11 +40,35 @@ def causal_padding(q_positions: torch.Tensor, kv_positions: torch.Tensor) -> int
     return pad
 
 
+def query_blocks(q_positions: torch.Tensor, kv_positions: torch.Tensor, rows: int = 64) -> list[tuple[int, int, int]] | None:
+    """Blocks of queries, each with the cache prefix it can see: [(first row, end row, keys)], or None.
+
+    When queries are scattered over a long cache (blend's selected tokens), one SDPA call over every
+    key computes S x T scores, most of them masked. Cut into blocks of `rows` queries in position order,
+    a block needs only the keys up to its last query's position. Only for one position row sorted on
+    both sides, and only when it saves at least a quarter of the scores."""
+    seq, total = q_positions.numel(), kv_positions.numel()
+    if kv_positions.dim() != 1 or seq <= rows or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
+        return None
+    if not bool((q_positions[1:] >= q_positions[:-1]).all()):
+        return None
+    ends = torch.arange(rows, seq + rows, rows).clamp(max=seq)  # [B] end row of each block
+    keys = torch.searchsorted(kv_positions, q_positions[ends - 1], right=True)  # [B] keys each block sees
+    sizes = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
+    if int((sizes * keys).sum()) > 0.75 * seq * total:
+        return None
+    return [(int(end - size), int(end), int(n)) for end, size, n in zip(ends, sizes, keys)]
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_positions: torch.Tensor,
            kv_positions: torch.Tensor, scale: float, head_mask: torch.Tensor | None = None) -> torch.Tensor:
     """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
     num_heads, seq, head_dim = q.shape
     pad = causal_padding(q_positions, kv_positions) if head_mask is None else None
+    blocks = query_blocks(q_positions, kv_positions) if pad is None else None
+    if blocks is not None:  # each block of queries over the keys it can see: [S, Hq * D]
+        return torch.cat([attend(q[:, a:b], keys[:, :n], values[:, :n], q_positions[a:b], kv_positions[:n], scale,
+                                 None if head_mask is None else head_mask[:, :n]) for a, b, n in blocks])
     if pad is not None:  # zero queries in front, their rows dropped: [Hq, pad + S, D]
         q = torch.cat([q.new_zeros(num_heads, pad, head_dim), q], dim=1) if pad else q
         mask = None

@@ -1,9 +1,9 @@
-"""workers/attention.py: the causal fast path equals the position-masked attention it replaces."""
+"""workers/attention.py: the causal fast path and the query blocks equal the position-masked attention they replace."""
 
 import torch
 import torch.nn.functional as F
 
-from workers.attention import attend, causal_padding, visibility_mask
+from workers.attention import attend, causal_padding, query_blocks, visibility_mask
 
 
 def _masked(q, k, v, qp, kp, scale):
@@ -30,4 +30,36 @@ def test_causal_fast_path_equals_the_masked_attention():
     torch.testing.assert_close(attend(q, k, v, p, p, 0.125), _masked(q, k, v, p, p, 0.125), atol=1e-5, rtol=1e-4)
     tail = p[10:]  # after a reused prefix: padded with zero queries
     torch.testing.assert_close(attend(q[:, 10:], k, v, tail, p, 0.125), _masked(q[:, 10:], k, v, tail, p, 0.125),
+                               atol=1e-5, rtol=1e-4)
+
+
+def _masked_heads(q, k, v, qp, kp, scale, head_mask):
+    mask = visibility_mask(qp, kp, head_mask, q.shape[0])[None]
+    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1).reshape(q.shape[1], -1)
+
+
+def test_query_blocks_cut_scattered_queries_to_the_keys_they_see():
+    kp = torch.arange(1000)
+    scattered = torch.arange(0, 1000, 5)  # 200 queries spread over the cache, as blend's selected tokens
+    blocks = query_blocks(scattered, kp, rows=64)
+    assert [(a, b) for a, b, _ in blocks] == [(0, 64), (64, 128), (128, 192), (192, 200)]
+    assert [n for *_, n in blocks] == [316, 636, 956, 996]  # up to each block's last query position
+    assert query_blocks(torch.arange(900, 1000), kp, rows=64) is None  # the newest tokens: nothing to save
+    assert query_blocks(scattered[:64], kp, rows=64) is None  # one block
+    assert query_blocks(scattered.flip(0), kp, rows=64) is None  # queries out of order
+    assert query_blocks(scattered, kp[None].expand(3, -1), rows=64) is None  # per-head positions
+
+
+def test_blocked_attention_equals_the_masked_attention():
+    torch.manual_seed(0)
+    t = 600
+    k, v, kp = torch.randn(3, t, 64), torch.randn(3, t, 64), torch.arange(t)
+    qp = torch.cat([torch.sort(torch.randperm(t - 40)[:160]).values, torch.arange(t - 40, t)])  # selected + question
+    q = torch.randn(9, qp.numel(), 64)
+    assert query_blocks(qp, kp) is not None
+    torch.testing.assert_close(attend(q, k, v, qp, kp, 0.125), _masked(q, k, v, qp, kp, 0.125), atol=1e-5, rtol=1e-4)
+    held = torch.rand(3, t) > 0.3  # chunks compressed at ingest: per-head dropped entries
+    held[:, 0] = True  # every query sees at least one entry
+    torch.testing.assert_close(attend(q, k, v, qp, kp, 0.125, held), _masked_heads(q, k, v, qp, kp, 0.125, held),
                                atol=1e-5, rtol=1e-4)
