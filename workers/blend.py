@@ -30,8 +30,8 @@ from workers.cache import KVCache, LayerKV
 from workers.drift import chunk_index, key_drift, shift_keys, shift_values, value_drift
 from workers.eviction.chunks import place_chunk
 from workers.prompt import PromptLayout
-from workers.selection import (Selection, SelectionContext, kv_deviation, make_selection,  # noqa: F401
-                                select_tokens)
+from workers.selection import (SELECTIONS, Selection, SelectionContext, kv_deviation,  # noqa: F401
+                                make_selection, select_tokens)
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,11 @@ class BlendConfig:
     probe_layers: int | None = None  # attention: layers of the question probe (None = all)
     key_scale: float = 1.0  # attention temperature on reused chunk keys (APE-style); 1 = off
     drift: bool = False  # shift the stored K/V that are not recomputed by the recomputed ones' drift (drift.py)
+
+    def __post_init__(self) -> None:
+        for name in (self.method, self.compressed_method):
+            if name is not None and name not in SELECTIONS:
+                raise ValueError(f"unknown blend method {name!r}; expected one of {', '.join(SELECTIONS)}")
 
     def for_prompt(self, compressed: bool) -> "BlendConfig":
         """The setting that runs over a prompt (`compressed`: it holds a chunk compressed at ingest)."""

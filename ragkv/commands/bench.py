@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small version (CI smoke)")
     parser.add_argument("--chunks", type=int, nargs="+", help="blend: chunk counts to run (default 4 8 16)")
     parser.add_argument("--queries", type=int, help="blend: queries per chunk count")
-    parser.add_argument("--settings", nargs="+", metavar="METHOD@RATIO",
+    parser.add_argument("--settings", nargs="+", metavar="METHOD@RATIO", type=_setting,
                         help="blend: extra blend settings measured side by side (e.g. legolink@0.15)")
     parser.add_argument("--codec", help="blend, quality: codec of the stored chunks (default: the engine's)")
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
@@ -59,6 +59,16 @@ def _configs(text: str) -> str:
 
     try:
         parse_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _setting(text: str) -> str:
+    from ragkv.bench.blend import parse_setting
+
+    try:
+        parse_setting(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text

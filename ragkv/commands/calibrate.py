@@ -18,11 +18,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", default=None, help="codec of the stored chunks (default: the server's default)")
     parser.add_argument("--per-family", type=int, default=2, help="dev prompts per quality-suite family")
     parser.add_argument("--families", default=None, help="comma-separated families (default: all)")
-    parser.add_argument("--methods", default=None, help="comma-separated selection methods (default: all)")
-    parser.add_argument("--ratios", default=None, help="comma-separated recompute ratios")
+    parser.add_argument("--methods", default=None, type=_methods,
+                        help="comma-separated selection methods (default: all)")
+    parser.add_argument("--ratios", default=None, type=_ratios, help="comma-separated recompute ratios")
     parser.add_argument("--drift", action="store_true",
                         help="also sweep every setting with the drift repair (README, 'Key drift')")
     parser.add_argument("--force", action="store_true", help="measure again even when a result is stored")
+
+
+def _methods(text: str) -> str:
+    """Each name a registered selection method (BlendConfig checks it against the registry)."""
+    from workers.blend import BlendConfig
+
+    try:
+        for name in text.split(","):
+            BlendConfig().named(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _ratios(text: str) -> str:
+    try:
+        ratios = [float(r) for r in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not all(0.0 <= r <= 1.0 for r in ratios):
+        raise argparse.ArgumentTypeError(f"recompute ratios must be in [0, 1], got {text!r}")
+    return text
 
 
 def candidates(methods: str | None, ratios: str | None, drift: bool = False):

@@ -140,5 +140,7 @@ def test_gradual_narrows_from_a_wider_set_to_the_budget(runner, prompt):
 
 
 def test_unknown_method_is_rejected():
+    with pytest.raises(ValueError, match="unknown blend method .nope."):
+        BlendConfig(compressed_method="nope")  # either name, when the setting is made
     with pytest.raises(ValueError, match="unknown blend method"):
         make_selection(BlendConfig(method="nope"))

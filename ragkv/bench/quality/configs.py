@@ -107,6 +107,8 @@ class Blend(ConfigKind):
             raise ValueError(f"config {name!r}: the only flags are :drift and :nodrift")
         if number is not None and not 0.0 <= number <= 1.0:
             raise ValueError(f"config {name!r}: recompute ratio must be in [0, 1]")
+        if arg is not None:
+            BlendConfig().named(arg)  # an unknown selection method: ValueError naming the registered ones
         return cls(name, method=arg, ratio=number, drift=None if flag is None else flag == "drift")
 
     def blend_config(self, default: BlendConfig | None = None) -> BlendConfig:
