@@ -54,24 +54,20 @@ def _families(text: str) -> list[str]:
     return names
 
 
-def _configs(text: str) -> str:
-    from ragkv.bench.quality.configs import parse_config
+def _parsed_by(module: str, function: str):
+    """An argparse type: the text when `module.function` parses it, else its ValueError as the flag's error
+    (imported on use: torch loads only when the flag is given)."""
+    def check(text: str) -> str:
+        try:
+            getattr(importlib.import_module(module), function)(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    return check
 
-    try:
-        parse_config(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
-
-def _setting(text: str) -> str:
-    from ragkv.bench.blend import parse_setting
-
-    try:
-        parse_setting(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+_configs = _parsed_by("ragkv.bench.quality.configs", "parse_config")
+_setting = _parsed_by("ragkv.bench.blend", "parse_setting")
 
 
 def _positive(text: str) -> int:
