@@ -12,6 +12,7 @@ def test_blend_bench_quick_writes_contract_json():
     for key in ("ttft_s", "speedup_vs_full", "accuracy", "agreement_vs_full"):
         assert set(out[key]) == set(mode_names())
     assert out["speedup_vs_full"]["full"] == 1.0 and out["agreement_vs_full"]["full"] == 1.0
+    assert set(out["speedup_paired"]) == set(mode_names()) and out["speedup_paired"]["full"] == 1.0
     assert all(0.0 <= v <= 1.0 for v in out["accuracy"].values())
     assert out["runs"] and out["runs"][0]["chunks"] == out["chunks"]
     assert 0.0 <= out["codec_only"]["accuracy"] <= 1.0
