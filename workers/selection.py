@@ -91,8 +91,7 @@ selection = registrar(SELECTIONS, "selection method")  # a name registered twice
 
 
 def make_selection(config: "BlendConfig") -> Selection:
-    if config.method not in SELECTIONS:
-        raise ValueError(f"unknown blend method {config.method!r}; expected one of {', '.join(SELECTIONS)}")
+    """The config's method (BlendConfig checked the name against SELECTIONS when it was made)."""
     return SELECTIONS[config.method].from_config(config)
 
 

@@ -8,6 +8,7 @@ import json
 import sys
 
 from ragkv.bench.quality.presets import PRESETS  # names only: no torch
+from ragkv.commands.errors import checked_by
 from workers.projections import PREFILL_KERNELS
 
 SUITES = ("codecs", "store", "blend", "eviction", "quality", "serve", "lora", "precompute", "load", "codec-study")
@@ -54,20 +55,20 @@ def _families(text: str) -> list[str]:
     return names
 
 
-def _parsed_by(module: str, function: str):
-    """An argparse type: the text when `module.function` parses it, else its ValueError as the flag's error
-    (imported on use: torch loads only when the flag is given)."""
-    def check(text: str) -> str:
-        try:
-            getattr(importlib.import_module(module), function)(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return text
-    return check
+def _parse_config(text: str):
+    from ragkv.bench.quality.configs import parse_config
+
+    return parse_config(text)
 
 
-_configs = _parsed_by("ragkv.bench.quality.configs", "parse_config")
-_setting = _parsed_by("ragkv.bench.blend", "parse_setting")
+def _parse_setting(text: str):
+    from ragkv.bench.blend import parse_setting
+
+    return parse_setting(text)
+
+
+_configs = checked_by(_parse_config)
+_setting = checked_by(_parse_setting)
 
 
 def _positive(text: str) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from ragkv.commands.errors import checked_by
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
@@ -26,16 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="measure again even when a result is stored")
 
 
-def _methods(text: str) -> str:
+def _check_methods(text: str) -> None:
     """Each name a registered selection method (BlendConfig checks it against the registry)."""
     from workers.blend import BlendConfig
 
-    try:
-        for name in text.split(","):
-            BlendConfig().named(name)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+    for name in text.split(","):
+        BlendConfig().named(name)
+
+
+_methods = checked_by(_check_methods)
 
 
 def _ratios(text: str) -> str:

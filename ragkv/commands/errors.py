@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Callable
 
 
 class FlagError(SystemExit):
@@ -21,3 +23,15 @@ def flag_error(command: str, message: str) -> FlagError:
     error = FlagError(f"ragkv {command}: {message}")
     print(error.message, file=sys.stderr)
     return error
+
+
+def checked_by(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type: the text when `parse(text)` accepts it, else its ValueError as the flag's one-line
+    error (`parse` imports what it needs on use: torch loads only when the flag is given)."""
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    return check
