@@ -19,6 +19,7 @@ from kvstore.backends.registry import open_backend
 from kvstore.codecs import DEFAULT_CODEC
 from kvstore.kv import ChunkKV
 from kvstore.store import BlockStore
+from workers.allocator import retain_freed_memory
 from workers.batching.scheduler import BatchConfig, Scheduler
 from workers.batching.sequence import Sequence
 from workers.batching.step import decode_step
@@ -65,6 +66,7 @@ class EngineConfig:
     use_calibration: bool = True  # a stored calibration replaces `blend` for requests without a ratio
     batch: BatchConfig = field(default_factory=BatchConfig)  # continuous batching (workers/batching)
     prefill_kernel: str = DEFAULT_PREFILL_KERNEL  # the prefill's projections (workers/projections.py)
+    retain_memory: bool = True  # keep freed host memory for the next request (workers/allocator.py)
 
 
 def open_store_backend(config: EngineConfig) -> Backend:
@@ -85,6 +87,8 @@ class Engine:
     def __init__(self, config: EngineConfig, runner: ModelRunner | None = None,
                  chunk_compute: ChunkCompute | None = None):
         self.config = config
+        if config.retain_memory:  # before the scheduler's thread starts (it keeps its first arena)
+            retain_freed_memory()
         self.runner = (runner or ModelRunner.load(config.model, device=config.device)).with_kernel(config.prefill_kernel)
         backend = open_store_backend(config)
         # decoded blocks land on the model's device: payload copied once, dequantized there (Triton on CUDA)
