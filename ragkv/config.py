@@ -21,8 +21,10 @@ from workers.paths import default_store_url
 from workers.projections import check_prefill_kernel
 
 MiB = 1 << 20
+BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 # EngineConfig fields a flag or a RAGKV_* variable sets (the others are the engine's own business)
-ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes", "chunk_form", "prefill_kernel")
+ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes", "chunk_form", "prefill_kernel",
+                 "retain_memory")
 BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfig.batch (BatchConfig)
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
@@ -87,9 +89,13 @@ class ServeConfig:
             [f for f in fields(BatchConfig) if f.name in BATCH_FIELDS]
         values = {}
         for f in settable:
-            raw = env.get(f"RAGKV_{f.name.upper()}")
+            name = f"RAGKV_{f.name.upper()}"
+            raw = env.get(name)
             if raw is not None:
-                values[f.name] = _parse(f.type, raw)
+                try:
+                    values[f.name] = _parse(f.type, raw)
+                except ValueError as e:
+                    raise ValueError(f"{name}: {e}") from None
         return cls().with_overrides(**values)
 
     def with_overrides(self, **overrides) -> "ServeConfig":
@@ -104,6 +110,10 @@ class ServeConfig:
 
 
 def _parse(type_name: str, raw: str):
+    if "bool" in type_name:
+        if raw.strip().lower() not in BOOLEANS:
+            raise ValueError(f"expected one of {', '.join(BOOLEANS)}, got {raw!r}")
+        return BOOLEANS[raw.strip().lower()]
     if "int" in type_name:
         return int(raw)
     if "float" in type_name:

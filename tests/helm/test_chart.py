@@ -153,6 +153,8 @@ def test_server_runs_ragkv_serve_hardened(case):
     # The server's SIGTERM drain fits inside the pod's grace period.
     assert 0 < float(cm["data"]["RAGKV_GRACE_S"]) < pod["terminationGracePeriodSeconds"]
     assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert "--retain-memory" in c["args"]  # the default; the value turns it off
+    assert "--no-retain-memory" in server(render(case, "server.retainMemory=false"))["args"]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "tls-auth"])

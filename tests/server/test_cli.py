@@ -24,6 +24,18 @@ def test_serve_flags_to_config(monkeypatch):
     assert config_from_args(build_parser("serve").parse_args(["serve"])).store_url.startswith("disk:")
 
 
+def test_serve_retain_memory_from_flag_and_env(monkeypatch):
+    parse = build_parser("serve").parse_args
+    assert config_from_args(parse(["serve"])).engine.retain_memory is True  # the default
+    assert config_from_args(parse(["serve", "--no-retain-memory"])).engine.retain_memory is False
+    monkeypatch.setenv("RAGKV_RETAIN_MEMORY", "off")
+    assert config_from_args(parse(["serve"])).engine.retain_memory is False
+    assert config_from_args(parse(["serve", "--retain-memory"])).engine.retain_memory is True  # a flag beats the env
+    monkeypatch.setenv("RAGKV_RETAIN_MEMORY", "maybe")
+    with pytest.raises(ValueError, match="RAGKV_RETAIN_MEMORY: .*maybe"):
+        config_from_args(parse(["serve"]))
+
+
 def test_serve_rejects_half_tls(tmp_path):
     with pytest.raises(SystemExit, match="tls"):
         main(["serve", "--tls-cert", str(tmp_path / "c.pem")])
