@@ -1,17 +1,22 @@
-"""How a chunk's stored KV is computed, registered by name: `alone` or after a fixed `lead` in.
+"""How a chunk's stored KV is computed, registered by name: what the chunk is computed after.
 
-    alone   the chunk on its own at positions 0..n-1 (CacheBlend's stored form). Its first token
-            becomes an attention sink: every later token of the chunk pours attention into it,
-            and a prompt fused from N such chunks shows the question N spurious sinks.
-    lead    the chunk computed after a fixed lead-in, the model's own chat-template prefix with
-            its default system prompt (APE's shared prefix, Yang et al., ICLR 2025). The chunk
-            gets the sink of a real prompt's start instead; the lead-in's KV is dropped and the
-            keys are moved back to positions 0..n-1, so the stored form and fusing are unchanged.
-            A chunk that opens a prompt with the default system prompt is then exact.
+A form is the token ids a chunk is computed after; their KV is dropped and the chunk's keys are
+moved back to positions 0..n-1, so the stored form and fusing are the same for every form.
+
+    alone   nothing: the chunk on its own (CacheBlend's stored form). Its first token becomes an
+            attention sink: every later token of the chunk pours attention into it, and a prompt
+            fused from N such chunks shows the question N spurious sinks.
+    lead    a fixed lead-in, the model's own chat-template prefix with its default system prompt
+            (APE's shared prefix, Yang et al., ICLR 2025). The chunk gets the sink of a real
+            prompt's start instead. A chunk that opens a prompt with the default system prompt is
+            then exact.
+    doc     the lead-in, then a bland earlier document and the separator: the chunk is computed
+            as the second document of a prompt, which is where all but the first chunk of a RAG
+            prompt sit (README, "Chunk forms").
 
 The default, `lead`, was chosen on the quality suite's dev split (README, "Chunk forms"). The
 form changes the bytes, so it is part of what a block is addressed by and verified against:
-`chunk_fingerprint` extends the model fingerprint with it (the lead-in's token ids for `lead`),
+`chunk_fingerprint` extends the model fingerprint with it (a hash of the form's lead token ids),
 and a block computed in another form is never read as this one.
 """
 
@@ -27,7 +32,11 @@ from kvstore.registry import registrar
 from workers.rope import rerotate_keys
 
 DEFAULT_CHUNK_FORM = "lead"
-CHUNK_FORMS: dict[str, Callable] = {}  # name -> compute(runner, token_ids) -> ChunkKV
+# name -> lead(tokenizer) -> the token ids a chunk is computed after (their KV dropped); () = alone
+CHUNK_FORMS: dict[str, Callable] = {}
+# the `doc` form's earlier document: bland, no names or numbers a chunk could pick up
+EARLIER_DOCUMENT = ("This archive collects short notes on everyday topics. The notes are written in plain language and "
+                    "describe ordinary things such as weather, food, travel and work. Each note stands on its own.")
 
 
 chunk_form = registrar(CHUNK_FORMS, "chunk form")
@@ -39,9 +48,15 @@ def check_form(form: str) -> str:
     return form
 
 
+def form_lead(tokenizer, form: str = DEFAULT_CHUNK_FORM) -> tuple[int, ...]:
+    """The token ids a chunk of `form` is computed after (empty for `alone`)."""
+    return tuple(CHUNK_FORMS[check_form(form)](tokenizer))
+
+
 def compute_chunk(runner, token_ids: list[int], form: str = DEFAULT_CHUNK_FORM) -> ChunkKV:
     """The chunk's KV as `form` stores it (keys at positions 0..n-1)."""
-    return CHUNK_FORMS[check_form(form)](runner, list(token_ids))
+    lead = form_lead(runner.tokenizer, form)
+    return chunk_kv_after(runner, list(token_ids), lead) if lead else runner.chunk_kv(list(token_ids))
 
 
 @lru_cache(maxsize=8)
@@ -54,20 +69,28 @@ def lead_in_ids(tokenizer) -> tuple[int, ...]:
 
 def chunk_fingerprint(fingerprint: str, tokenizer, form: str = DEFAULT_CHUNK_FORM) -> str:
     """The fingerprint chunk blocks of `form` are addressed and verified with (the model's for `alone`)."""
-    if check_form(form) == "alone":
+    lead = form_lead(tokenizer, form)
+    if not lead:
         return fingerprint
-    lead = hashlib.sha256(repr(lead_in_ids(tokenizer)).encode()).hexdigest()[:16]
-    return f"{fingerprint}+{form}-{lead}"
+    return f"{fingerprint}+{form}-{hashlib.sha256(repr(lead).encode()).hexdigest()[:16]}"
 
 
 @chunk_form("alone")
-def chunk_alone(runner, token_ids: list[int]) -> ChunkKV:
-    return runner.chunk_kv(token_ids)
+def alone_lead(tokenizer) -> tuple[int, ...]:
+    return ()
 
 
 @chunk_form("lead")
-def chunk_after_lead(runner, token_ids: list[int]) -> ChunkKV:
-    return chunk_kv_after(runner, token_ids, lead_in_ids(runner.tokenizer))
+def lead_lead(tokenizer) -> tuple[int, ...]:
+    return lead_in_ids(tokenizer)
+
+
+@chunk_form("doc")
+@lru_cache(maxsize=8)
+def doc_lead(tokenizer) -> tuple[int, ...]:
+    from workers.prompt import SEPARATOR
+
+    return lead_in_ids(tokenizer) + tuple(tokenizer(EARLIER_DOCUMENT + SEPARATOR, add_special_tokens=False)["input_ids"])
 
 
 def chunk_kv_after(runner, token_ids: list[int], lead_ids: Sequence[int]) -> ChunkKV:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workers.cache import KVCache
-from workers.chunk_forms import CHUNK_FORMS, chunk_fingerprint, compute_chunk, lead_in_ids
+from workers.chunk_forms import EARLIER_DOCUMENT, CHUNK_FORMS, chunk_fingerprint, compute_chunk, form_lead, lead_in_ids
 from workers.engine import Engine, EngineConfig
 from workers.prompt import build_prompt
 from workers.rope import rerotate_keys
@@ -30,6 +30,23 @@ def test_a_lead_chunk_opening_a_default_prompt_is_that_prompt_s_kv(runner):
         assert torch.allclose(lead.values[layer], full_v, atol=1e-3)
         assert not torch.allclose(alone.values[layer], full_v, atol=1e-2)  # the comparison can fail
     assert lead.token_ids == ids and lead.keys.shape == alone.keys.shape
+
+
+def test_a_doc_chunk_second_after_the_earlier_document_is_that_prompt_s_kv(runner):
+    ids = runner.tokenize(TEXT)
+    layout = build_prompt(runner.tokenizer, "", [runner.tokenize(EARLIER_DOCUMENT), ids], "Which code opens it?")
+    start, end = layout.chunk_spans[1]
+    assert tuple(layout.token_ids[:start]) == form_lead(runner.tokenizer, "doc")
+    cache = KVCache.empty(runner.shape.num_layers)
+    runner.forward(torch.tensor(layout.token_ids), torch.arange(layout.num_tokens), cache)
+    doc, lead = compute_chunk(runner, ids, "doc"), compute_chunk(runner, ids, "lead")
+    for layer in (1, runner.shape.num_layers - 1):
+        full_k = rerotate_keys(cache.layers[layer].keys[:, start:end], -start, runner.inv_freq)
+        full_v = cache.layers[layer].values[:, start:end]
+        assert torch.allclose(doc.keys[layer], full_k, atol=1e-3)
+        assert torch.allclose(doc.values[layer], full_v, atol=1e-3)
+        assert not torch.allclose(lead.values[layer], full_v, atol=1e-2)  # the comparison can fail
+    assert form_lead(runner.tokenizer, "alone") == ()
 
 
 def test_the_form_is_part_of_the_fingerprint(runner):
