@@ -14,7 +14,7 @@ moved back to positions 0..n-1, so the stored form and fusing are the same for e
             as the second document of a prompt, which is where all but the first chunk of a RAG
             prompt sit (README, "Chunk forms").
 
-The default, `lead`, was chosen on the quality suite's dev split (README, "Chunk forms"). The
+The default, `doc`, was chosen on the quality suite's dev split (README, "Chunk forms"). The
 form changes the bytes, so it is part of what a block is addressed by and verified against:
 `chunk_fingerprint` extends the model fingerprint with it (a hash of the form's lead token ids),
 and a block computed in another form is never read as this one.
@@ -31,7 +31,7 @@ from kvstore.kv import ChunkKV
 from kvstore.registry import registrar
 from workers.rope import rerotate_keys
 
-DEFAULT_CHUNK_FORM = "lead"
+DEFAULT_CHUNK_FORM = "doc"
 # name -> lead(tokenizer) -> the token ids a chunk is computed after (their KV dropped); () = alone
 CHUNK_FORMS: dict[str, Callable] = {}
 # the `doc` form's earlier document: bland, no names or numbers a chunk could pick up

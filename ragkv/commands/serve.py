@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "answers within 2 points of fp16; README 'Codecs')")
     p.add_argument("--chunk-form", choices=list(CHUNK_FORMS),
                    help=f"how a chunk's KV is computed at ingest (default {d.engine.chunk_form}: after the model's "
-                        "template prefix, so a chunk's first token is no attention sink; alone: CacheBlend's form)")
+                        "template prefix and a bland earlier document, as the second document of a prompt; lead: "
+                        "after the template prefix only; alone: CacheBlend's form)")
     p.add_argument("--workers", help="inproc, ray (local cluster), auto (join a running cluster, else inproc) or ray://ADDRESS (default inproc)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--memory-budget", type=_size, dest="memory_budget_bytes", metavar="BYTES",
