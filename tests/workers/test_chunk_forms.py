@@ -15,37 +15,34 @@ from workers.rope import rerotate_keys
 TEXT = "The Harbor observatory opens with the code 24025. Its door is painted amber and faces the sea."
 
 
-def test_a_lead_chunk_opening_a_default_prompt_is_that_prompt_s_kv(runner):
-    ids = runner.tokenize(TEXT)
-    layout = build_prompt(runner.tokenizer, "", [ids], "Which code opens it?")
-    assert tuple(layout.token_ids[: layout.prefix_len]) == lead_in_ids(runner.tokenizer)
+def assert_prompt_kv(runner, layout, index: int, form: str, other: str) -> None:
+    """Chunk `index` of the prompt computed in `form` is the full prefill's KV there (keys moved back to
+    0..n-1); computed in the `other` form it is not (so the comparison can fail)."""
     cache = KVCache.empty(runner.shape.num_layers)
     runner.forward(torch.tensor(layout.token_ids), torch.arange(layout.num_tokens), cache)
-    start, end = layout.chunk_spans[0]
-    lead, alone = compute_chunk(runner, ids, "lead"), compute_chunk(runner, ids, "alone")
+    start, end = layout.chunk_spans[index]
+    ids = layout.token_ids[start:end]
+    mine, theirs = compute_chunk(runner, ids, form), compute_chunk(runner, ids, other)
     for layer in (1, runner.shape.num_layers - 1):
         full_k = rerotate_keys(cache.layers[layer].keys[:, start:end], -start, runner.inv_freq)
         full_v = cache.layers[layer].values[:, start:end]
-        assert torch.allclose(lead.keys[layer], full_k, atol=1e-3)
-        assert torch.allclose(lead.values[layer], full_v, atol=1e-3)
-        assert not torch.allclose(alone.values[layer], full_v, atol=1e-2)  # the comparison can fail
-    assert lead.token_ids == ids and lead.keys.shape == alone.keys.shape
+        assert torch.allclose(mine.keys[layer], full_k, atol=1e-3)
+        assert torch.allclose(mine.values[layer], full_v, atol=1e-3)
+        assert not torch.allclose(theirs.values[layer], full_v, atol=1e-2)
+    assert mine.token_ids == ids and mine.keys.shape == theirs.keys.shape
+
+
+def test_a_lead_chunk_opening_a_default_prompt_is_that_prompt_s_kv(runner):
+    layout = build_prompt(runner.tokenizer, "", [runner.tokenize(TEXT)], "Which code opens it?")
+    assert tuple(layout.token_ids[: layout.prefix_len]) == lead_in_ids(runner.tokenizer)
+    assert_prompt_kv(runner, layout, 0, "lead", "alone")
 
 
 def test_a_doc_chunk_second_after_the_earlier_document_is_that_prompt_s_kv(runner):
-    ids = runner.tokenize(TEXT)
-    layout = build_prompt(runner.tokenizer, "", [runner.tokenize(EARLIER_DOCUMENT), ids], "Which code opens it?")
-    start, end = layout.chunk_spans[1]
-    assert tuple(layout.token_ids[:start]) == form_lead(runner.tokenizer, "doc")
-    cache = KVCache.empty(runner.shape.num_layers)
-    runner.forward(torch.tensor(layout.token_ids), torch.arange(layout.num_tokens), cache)
-    doc, lead = compute_chunk(runner, ids, "doc"), compute_chunk(runner, ids, "lead")
-    for layer in (1, runner.shape.num_layers - 1):
-        full_k = rerotate_keys(cache.layers[layer].keys[:, start:end], -start, runner.inv_freq)
-        full_v = cache.layers[layer].values[:, start:end]
-        assert torch.allclose(doc.keys[layer], full_k, atol=1e-3)
-        assert torch.allclose(doc.values[layer], full_v, atol=1e-3)
-        assert not torch.allclose(lead.values[layer], full_v, atol=1e-2)  # the comparison can fail
+    chunks = [runner.tokenize(EARLIER_DOCUMENT), runner.tokenize(TEXT)]
+    layout = build_prompt(runner.tokenizer, "", chunks, "Which code opens it?")
+    assert tuple(layout.token_ids[: layout.chunk_spans[1][0]]) == form_lead(runner.tokenizer, "doc")
+    assert_prompt_kv(runner, layout, 1, "doc", "lead")
     assert form_lead(runner.tokenizer, "alone") == ()
 
 
