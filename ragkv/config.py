@@ -111,9 +111,10 @@ class ServeConfig:
 
 def _parse(type_name: str, raw: str):
     if "bool" in type_name:
-        if raw.strip().lower() not in BOOLEANS:
+        word = raw.strip().lower()
+        if word not in BOOLEANS:
             raise ValueError(f"expected one of {', '.join(BOOLEANS)}, got {raw!r}")
-        return BOOLEANS[raw.strip().lower()]
+        return BOOLEANS[word]
     if "int" in type_name:
         return int(raw)
     if "float" in type_name:

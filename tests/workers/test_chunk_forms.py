@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workers.cache import KVCache
-from workers.chunk_forms import EARLIER_DOCUMENT, CHUNK_FORMS, chunk_fingerprint, compute_chunk, form_lead, lead_in_ids
+from workers.chunk_forms import CHUNK_FORMS, EARLIER_DOCUMENT, chunk_fingerprint, compute_chunk, form_lead, lead_in_ids
 from workers.engine import Engine, EngineConfig
 from workers.prompt import build_prompt
 from workers.rope import rerotate_keys
