@@ -39,8 +39,25 @@ def rerotate_keys(keys: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch
     """keys: [..., T, D] rotated at positions p -> rotated at p + delta, in fp32 math, cast to out_dtype
     (default keys.dtype). delta: an int, [T] (per token) or keys.shape[:-1] (per entry: a compressed
     chunk's heads keep different tokens)."""
+    if isinstance(delta, int) or (torch.is_tensor(delta) and delta.dim() == 0):
+        return rotate_by(keys, int(delta), inv_freq).to(out_dtype or keys.dtype)
     num_tokens = keys.shape[-2]
     deltas = torch.as_tensor(delta, device=keys.device)
     deltas = deltas.expand(num_tokens) if deltas.dim() == 0 else deltas
     cos, sin = rope_cos_sin(deltas, inv_freq.to(keys.device))
     return apply_rope(keys.float(), cos, sin).to(out_dtype or keys.dtype)
+
+
+def rotate_by(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """keys: [..., D] -> every key rotated by the same `delta` positions, in fp32 (a whole chunk moved to its
+    offset). The angles are one per frequency [D/2], so each half is two multiply-adds over the halves:
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), with no per-token tables or rotate_half copies."""
+    x = keys.float()
+    half = x.shape[-1] // 2
+    angles = torch.tensor(float(delta), device=x.device) * inv_freq.to(x.device, torch.float32)  # [D/2]
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    out = torch.empty_like(x)
+    torch.mul(x1, cos, out=out[..., :half]).addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=out[..., half:]).addcmul_(x1, sin)
+    return out

@@ -78,8 +78,9 @@ def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[Chun
     """
     device, dtype, n = runner.device, runner.dtype, layout.num_tokens
     shape = runner.shape
-    keys = torch.zeros(shape.num_layers, shape.num_kv_heads, n, shape.head_dim, device=device, dtype=dtype)
-    values = torch.zeros_like(keys)
+    # every slot is written below (prefix, chunks) or zeroed at the end (the tokens blend computes)
+    keys = torch.empty(shape.num_layers, shape.num_kv_heads, n, shape.head_dim, device=device, dtype=dtype)
+    values = torch.empty_like(keys)
     computed = torch.ones(n, dtype=torch.bool, device=device)
     keys[:, :, : layout.prefix_len] = prefix.keys_at(0, runner.inv_freq, dtype, device)
     values[:, :, : layout.prefix_len] = prefix.values.to(device, dtype)
@@ -97,6 +98,9 @@ def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[Chun
         keys[:, :, start:end] = chunk.keys_at(start, runner.inv_freq, dtype, device)
         values[:, :, start:end] = chunk.values.to(device, dtype)
         computed[start:end] = False
+    gaps = computed.nonzero().flatten()  # separators, question, template: no stored KV until blend writes theirs
+    keys.index_fill_(2, gaps, 0)
+    values.index_fill_(2, gaps, 0)
     positions = torch.arange(n, device=device)
     cache = KVCache([LayerKV(keys[i], values[i], positions, None if head_mask is None else head_mask[i])
                      for i in range(shape.num_layers)])

@@ -79,7 +79,10 @@ def quantize_asym(x: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Te
 def dequantize_asym(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> torch.Tensor:
     """q: [..., N] uint8, scale/zero: [..., ceil(N/G)] fp16 -> [..., N] float32"""
     n = q.shape[-1]
-    return q.float() * _expand_groups(scale.float(), group_size, n) + _expand_groups(zero.float(), group_size, n)
+    if n % group_size:  # a short last group: expand the parameters to the elements
+        return q.float() * _expand_groups(scale.float(), group_size, n) + _expand_groups(zero.float(), group_size, n)
+    x = q.reshape(*q.shape[:-1], n // group_size, group_size).to(torch.float32, copy=True)  # [..., NG, G], in place
+    return x.mul_(scale.float()[..., None]).add_(zero.float()[..., None]).reshape(q.shape)
 
 
 def quantize_sym(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +101,7 @@ def quantize_sym(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Te
 
 def dequantize_sym(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """q: [..., N] int8, scale: [..., 1] fp16 -> [..., N] float32"""
-    return q.float() * scale.float()
+    return q.to(torch.float32, copy=True).mul_(scale.float())
 
 
 def quantize_per_token(x: torch.Tensor, bits: int, group_size: int | None = None):

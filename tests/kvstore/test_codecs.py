@@ -218,6 +218,19 @@ def test_asymmetric_quantization_error_within_half_step():
         assert (err <= step / 2 + 1e-2 * step + 1e-3).all()
 
 
+@pytest.mark.parametrize("group", [64, 32, 24])  # whole vector, two groups, a short last group
+def test_dequantization_is_the_scale_and_zero_formula_bit_for_bit(group):
+    """Decode runs in place over one fp32 copy of the codes; it must equal code * scale + zero exactly
+    (the Triton kernels are held to it) and leave the codes as they were."""
+    q, scale, zero = quant.quantize_asym(torch.randn(2, 3, 40, 64), 4, group)
+    codes = q.clone()
+    formula = q.float() * quant._expand_groups(scale.float(), group, 64) + quant._expand_groups(zero.float(), group, 64)
+    assert torch.equal(quant.dequantize_asym(q, scale, zero, group), formula)
+    assert torch.equal(q, codes)
+    q8, scale8 = quant.quantize_sym(torch.randn(2, 3, 40, 64))
+    assert torch.equal(quant.dequantize_sym(q8, scale8), q8.float() * scale8.float())
+
+
 @pytest.mark.parametrize("name", KIVI_NAMES)
 def test_kivi_residual_tokens_are_kept_in_fp16(real_kv, name):
     codec = make_codec(name, residual=24)

@@ -66,6 +66,20 @@ def test_blend_recomputes_the_requested_fraction(runner):
     assert stats["always_computed_tokens"] == int(computed[layout.prefix_len:].sum())
 
 
+def test_fused_cache_holds_the_stored_kv_and_zeros_where_nothing_is_stored(runner):
+    from workers.prompt import build_prompt
+
+    chunks = [runner.tokenize("Alpha beta gamma delta. " * 6), runner.tokenize("Epsilon zeta eta theta. " * 6)]
+    layout = build_prompt(runner.tokenizer, "", chunks, "Which letters?")
+    stored = [runner.chunk_kv(c) for c in chunks]
+    cache, computed = fuse_chunks(runner, layout, runner.chunk_kv(layout.prefix_ids), stored)
+    (start, end), layer = layout.chunk_spans[1], cache.layers[3]
+    assert torch.allclose(layer.keys[:, start:end], rerotate_keys(stored[1].keys[3], start, runner.inv_freq), atol=1e-6)
+    assert torch.equal(layer.values[:, start:end], stored[1].values[3])
+    assert computed[layout.prefix_len:].any()  # separators and the question: computed by blend, zero until then
+    assert all(not kv.keys[:, computed].any() and not kv.values[:, computed].any() for kv in cache.layers)
+
+
 def test_the_default_setting_runs_one_method_per_chunk_kind(runner):
     """Whole chunks run `method`, a prompt holding a chunk compressed at ingest runs `compressed_method`;
     a method asked for by name runs over both."""
