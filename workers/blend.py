@@ -30,19 +30,20 @@ from workers.cache import KVCache, LayerKV
 from workers.drift import chunk_index, key_drift, shift_keys, shift_values, value_drift
 from workers.eviction.chunks import place_chunk
 from workers.prompt import PromptLayout
-from workers.selection import (SELECTIONS, Selection, SelectionContext, kv_deviation,  # noqa: F401
+from workers.selection import (CHECK_LAYER, SELECTIONS, Selection, SelectionContext, kv_deviation,  # noqa: F401
                                 make_selection, select_tokens)
 
 
 @dataclass(frozen=True)
 class BlendConfig:
     recompute_ratio: float = 0.15
-    check_layer: int = 1  # layer whose K/V deviation picks the tokens (layer 0 K/V do not depend on context)
+    check_layer: int = CHECK_LAYER  # layer whose K/V deviation picks the tokens (selection.CHECK_LAYER)
     deviation: str = "kv"  # "k", "v" or "kv": which fresh-vs-stored difference ranks the tokens
     # names in workers.selection.SELECTIONS. `gradual` answers better over whole chunks and `deviation`
     # over chunks compressed at ingest (README, "Selection methods"), so the default is one per chunk kind:
     method: str = "gradual"
     compressed_method: str | None = "deviation"  # over a prompt holding a chunk compressed at ingest; None: method
+    compressed_check_layer: int | None = 1  # its check layer there (chosen at 1, 2 not measured); None: check_layer
     sink_tokens: int | None = None  # legolink: first k of every chunk (None = the ratio share); hybrids: 4
     gradual_widen: float = 3.0  # gradual: the first check layer keeps this many times the budget
     gradual_steps: int = 3  # gradual: layers over which the set narrows to the budget
@@ -57,13 +58,16 @@ class BlendConfig:
 
     def for_prompt(self, compressed: bool) -> "BlendConfig":
         """The setting that runs over a prompt (`compressed`: it holds a chunk compressed at ingest)."""
-        if compressed and self.compressed_method not in (None, self.method):
-            return replace(self, method=self.compressed_method, compressed_method=None)
-        return self
+        if not compressed or (self.compressed_method in (None, self.method)
+                              and self.compressed_check_layer in (None, self.check_layer)):
+            return self
+        layer = self.check_layer if self.compressed_check_layer is None else self.compressed_check_layer
+        return replace(self, method=self.compressed_method or self.method, check_layer=layer,
+                       compressed_method=None, compressed_check_layer=None)
 
     def named(self, method: str) -> "BlendConfig":
         """`method` over every kind of chunk (a setting asked for by name: `blend:METHOD@RATIO`)."""
-        return replace(self, method=method, compressed_method=None)
+        return replace(self, method=method, compressed_method=None, compressed_check_layer=None)
 
     @property
     def name(self) -> str:

@@ -85,6 +85,10 @@ class Selection:
 
 
 SELECTIONS: dict[str, type[Selection]] = {}
+# the layer whose fresh-vs-stored K/V deviation picks the tokens (layers before it run for every token).
+# Layer-0 K/V do not depend on context; 2 answered 5 more of 96 `dev` prompts than 1 with `doc` chunks
+# (README, "Why check layer 2")
+CHECK_LAYER = 2
 
 
 selection = registrar(SELECTIONS, "selection method")  # a name registered twice is an error at import
@@ -171,17 +175,24 @@ def question_attention(ctx: SelectionContext, probe_layers: int | None) -> torch
     return score
 
 
+def everything_to_choose(ctx: SelectionContext) -> torch.Tensor:
+    """What a deviation method starts with: every token runs the layers before the check layer, so that
+    their fresh K/V there can be compared; with no budget there is nothing to choose, and only the
+    always-computed tokens run (= plain reuse at any check layer)."""
+    return ctx.everything if ctx.budget > 0 else ctx.always
+
+
 # -- methods ---------------------------------------------------------------------
 
 
 @selection("deviation")
 @dataclass(frozen=True)
 class Deviation(Selection):
-    check_layer: int = 1
+    check_layer: int = CHECK_LAYER
     deviation: str = "kv"
 
     def start(self, ctx):
-        return ctx.everything
+        return everything_to_choose(ctx)
 
     def keep(self, layer, ctx, hidden, active):
         if layer != self.check_layer:
@@ -196,7 +207,7 @@ class Deviation(Selection):
 class Gradual(Selection):
     """Keep `gradual_widen` x the budget at `check_layer`, shrink geometrically to the budget over
     `gradual_steps` layers, re-measuring the deviation among the survivors at each."""
-    check_layer: int = 1
+    check_layer: int = CHECK_LAYER
     deviation: str = "kv"
     gradual_widen: float = 3.0
     gradual_steps: int = 3
@@ -211,7 +222,7 @@ class Gradual(Selection):
         return min(ctx.candidates.numel(), int(round(ctx.budget * widen)))
 
     def start(self, ctx):
-        return ctx.everything
+        return everything_to_choose(ctx)
 
     def keep(self, layer, ctx, hidden, active):
         count = self.count_at(layer, ctx)

@@ -90,6 +90,7 @@ def test_the_default_setting_runs_one_method_per_chunk_kind(runner):
     default = BlendConfig()
     assert default.for_prompt(compressed=False) == default
     assert default.for_prompt(compressed=True).method == default.compressed_method
+    assert (default.check_layer, default.for_prompt(compressed=True).check_layer) == (2, 1)  # each as chosen
     named = default.named("legolink")
     assert named.for_prompt(compressed=True) == named.for_prompt(compressed=False) == named
 
@@ -104,6 +105,7 @@ def test_the_default_setting_runs_one_method_per_chunk_kind(runner):
             cache, computed = fuse_chunks(runner, layout, prefix, stored)
             _, stats = blend_prefill(runner, layout, cache, computed, config)
             ran[kind, config.method] = (stats["blend_method"], stats["blend_config"])
+            assert stats["check_layer"] == config.for_prompt(kind == "compressed").check_layer
     assert ran["whole", default.method] == (default.method, default.name)
     assert ran["compressed", default.method] == (default.compressed_method, default.for_prompt(True).name)
     assert ran["whole", "legolink"] == ran["compressed", "legolink"] == ("legolink", named.name)

@@ -94,7 +94,8 @@ def test_legolink_without_k_takes_each_chunks_ratio_share(runner, prompt):
 def test_hybrid_keeps_the_chunk_heads_and_fills_the_budget_by_deviation(runner, prompt):
     layout = prompt[0]
     ctx = _context(runner, prompt, 0.4)
-    method = make_selection(BlendConfig(recompute_ratio=0.4, method="legolink-deviation", sink_tokens=2))
+    method = make_selection(BlendConfig(recompute_ratio=0.4, method="legolink-deviation", sink_tokens=2,
+                                        check_layer=1))
     active = method.start(ctx)
     ids = torch.tensor(layout.token_ids)
     hidden = runner.embed(ids[active])
