@@ -6,8 +6,9 @@ that only a small fraction of tokens deviate much, and that the tokens which
 deviate at an early layer are the ones that deviate later. So:
 
 1. place every chunk at its offset (keys re-rotated by the offset, see rope.py);
-2. run layer 0 for every non-prefix token (cheap, one layer) — layer-0 K/V are
-   context-free, but its output feeds layer 1;
+2. run the layers before `check_layer` (0 and 1 by default; a deviation method's
+   `start`) for every non-prefix token — layer-0 K/V are context-free, but its
+   output feeds layer 1, where cross-chunk attention first shows;
 3. pick the tokens to recompute with a selection method (workers/selection.py:
    CacheBlend's K/V deviation at `check_layer`, its gradual filtering, EPIC's
    LegoLink, question attention, hybrids);
