@@ -41,9 +41,7 @@ def rerotate_keys(keys: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch
     chunk's heads keep different tokens)."""
     if isinstance(delta, int) or (torch.is_tensor(delta) and delta.dim() == 0):
         return rotate_by(keys, int(delta), inv_freq).to(out_dtype or keys.dtype)
-    num_tokens = keys.shape[-2]
-    deltas = torch.as_tensor(delta, device=keys.device)
-    deltas = deltas.expand(num_tokens) if deltas.dim() == 0 else deltas
+    deltas = torch.as_tensor(delta, device=keys.device)  # [T] or keys.shape[:-1]: one angle per key
     cos, sin = rope_cos_sin(deltas, inv_freq.to(keys.device))
     return apply_rope(keys.float(), cos, sin).to(out_dtype or keys.dtype)
 

@@ -102,7 +102,6 @@ def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[Chun
         # Triton on CUDA, kvstore.rope otherwise (kvstore/kernels/dispatch.py)
         keys[:, :, start:end] = chunk.keys_at(start, runner.inv_freq, dtype, device)
         values[:, :, start:end] = chunk.values.to(device, dtype)
-        computed[start:end] = False
     gaps = computed.nonzero().flatten()  # separators, question, template: no stored KV until blend writes theirs
     keys.index_fill_(2, gaps, 0)
     values.index_fill_(2, gaps, 0)
