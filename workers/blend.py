@@ -49,6 +49,7 @@ class BlendConfig:
     gradual_widen: float = 3.0  # gradual: the first check layer keeps this many times the budget
     gradual_steps: int = 3  # gradual: layers over which the set narrows to the budget
     probe_layers: int | None = None  # attention: layers of the question probe (None = all)
+    attended_share: float = 0.33  # attended-*: the share of the budget the question probe picks
     key_scale: float = 1.0  # attention temperature on reused chunk keys (APE-style); 1 = off
     drift: bool = False  # shift the stored K/V that are not recomputed by the recomputed ones' drift (drift.py)
 

@@ -24,6 +24,8 @@ Methods:
   spurious attention sinks); k = `sink_tokens`, else the ratio share of each chunk;
 - `legolink-deviation`, `legolink-gradual`, `legolink-attention`, `legolink-chunks`: the first
   `sink_tokens` of every chunk, the rest of the budget by the inner method;
+- `attended-deviation`, `attended-gradual`: the chunk tokens the question attends to most (the
+  `attention` probe), `attended_share` of the budget, from layer 0; the rest by the inner method;
 - `chunks`: whole chunks, the ones the question attends to most (the `attention` probe), from layer 0;
 - `attention`: the chunk tokens the question attends to most, measured by a cheap
   probe pass of the always-computed tokens over the stored KV, then recomputed from
@@ -32,7 +34,7 @@ Methods:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -52,6 +54,7 @@ class SelectionContext:
     candidates: torch.Tensor  # [C] sorted prompt indices of stored chunk tokens the method may pick from
     always: torch.Tensor  # [A] sorted prompt indices that run through every layer
     budget: int  # how many candidates to recompute
+    memo: dict = field(default_factory=dict, compare=False, repr=False)  # what a method computes once a prompt
 
     @property
     def everything(self) -> torch.Tensor:
@@ -287,6 +290,38 @@ class WithSinks(Selection):
         return self.inner.extra_token_layers(self._ctx(ctx))
 
 
+@dataclass(frozen=True)
+class WithAttended(Selection):
+    """The chunk tokens the question attends to most (the `attention` probe), `attended_share` of the budget,
+    from layer 0; the inner method picks the rest of the budget from the other chunk tokens."""
+    inner: Selection
+    attended_share: float = 0.33
+    probe_layers: int | None = None
+
+    @classmethod
+    def wrapping(cls, inner: type[Selection]) -> type[Selection]:
+        def from_config(config):
+            return cls(inner.from_config(config), config.attended_share, config.probe_layers)
+        return type(f"Attended{inner.__name__}", (cls,), {"from_config": staticmethod(from_config)})
+
+    def _ctx(self, ctx):
+        if "attended" not in ctx.memo:  # the probe runs once a prompt
+            count = int(round(self.attended_share * ctx.budget))
+            ctx.memo["attended"] = (select_tokens(question_attention(ctx, self.probe_layers), ctx.candidates, count)
+                                    if count else ctx.candidates[:0])
+        return ctx.with_forced(ctx.memo["attended"])
+
+    def start(self, ctx):
+        return self.inner.start(self._ctx(ctx))
+
+    def keep(self, layer, ctx, hidden, active):
+        return self.inner.keep(layer, self._ctx(ctx), hidden, active)
+
+    def extra_token_layers(self, ctx):
+        probe = 0 if ctx.budget == 0 else ctx.always.numel() * (self.probe_layers or ctx.runner.shape.num_layers)
+        return probe + self.inner.extra_token_layers(self._ctx(ctx))
+
+
 @selection("attention")
 @dataclass(frozen=True)
 class QuestionAttention(Selection):
@@ -336,3 +371,5 @@ selection("legolink-gradual")(WithSinks.wrapping(Gradual))
 selection("legolink-attention")(WithSinks.wrapping(QuestionAttention))
 selection("legolink-chunks")(WithSinks.wrapping(AttendedChunks))
 selection("legolink-strided")(WithSinks.wrapping(Strided))
+selection("attended-deviation")(WithAttended.wrapping(Deviation))
+selection("attended-gradual")(WithAttended.wrapping(Gradual))

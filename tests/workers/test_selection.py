@@ -7,7 +7,7 @@ from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
 from workers.chunk_forms import compute_chunk
 from workers.prompt import build_prompt
-from workers.selection import SELECTIONS, Gradual, SelectionContext, make_selection
+from workers.selection import SELECTIONS, Gradual, SelectionContext, make_selection, question_attention, select_tokens
 
 TEXTS = ("The keeper of Marrow Point counted ships each evening in a green ledger.",
          "Copper kettles were hammered by hand, each stamped with the smith's mark.",
@@ -103,6 +103,22 @@ def test_hybrid_keeps_the_chunk_heads_and_fills_the_budget_by_deviation(runner, 
     kept = set(method.keep(1, ctx, hidden, active).tolist())
     heads = {i for start, _ in layout.chunk_spans for i in range(start, start + 2)}
     assert heads <= kept and set(ctx.always.tolist()) <= kept
+    assert len(kept & set(ctx.candidates.tolist())) == ctx.budget
+
+
+def test_attended_hybrid_keeps_the_question_attended_share_and_fills_the_budget_by_deviation(runner, prompt):
+    layout = prompt[0]
+    ctx = _context(runner, prompt, 0.4)
+    method = make_selection(BlendConfig(recompute_ratio=0.4, method="attended-deviation", attended_share=0.5,
+                                        check_layer=1))
+    active = method.start(ctx)
+    attended = ctx.memo["attended"]
+    probe = question_attention(_context(runner, prompt, 0.4), None)  # the same probe over a fresh fused cache
+    assert attended.tolist() == select_tokens(probe, ctx.candidates, round(0.5 * ctx.budget)).tolist()
+    hidden = runner.layer_forward(0, runner.embed(torch.tensor(layout.token_ids)[active]), active, ctx.cache,
+                                  slots=active)
+    kept = set(method.keep(1, ctx, hidden, active).tolist())
+    assert set(attended.tolist()) <= kept and set(ctx.always.tolist()) <= kept
     assert len(kept & set(ctx.candidates.tolist())) == ctx.budget
 
 
