@@ -91,34 +91,24 @@ def test_legolink_without_k_takes_each_chunks_ratio_share(runner, prompt):
         assert set(range(start, end)) & picked == set(range(start, start + k))
 
 
-def test_hybrid_keeps_the_chunk_heads_and_fills_the_budget_by_deviation(runner, prompt):
+@pytest.mark.parametrize("method", ["legolink-deviation", "attended-deviation"])
+def test_hybrid_keeps_its_forced_tokens_and_fills_the_budget_by_deviation(runner, prompt, method):
+    """legolink-: the first 2 tokens of every chunk; attended-: the question probe's top half of the budget."""
     layout = prompt[0]
     ctx = _context(runner, prompt, 0.4)
-    method = make_selection(BlendConfig(recompute_ratio=0.4, method="legolink-deviation", sink_tokens=2,
-                                        check_layer=1))
-    active = method.start(ctx)
-    ids = torch.tensor(layout.token_ids)
-    hidden = runner.embed(ids[active])
-    hidden = runner.layer_forward(0, hidden, active, ctx.cache, slots=active)
-    kept = set(method.keep(1, ctx, hidden, active).tolist())
-    heads = {i for start, _ in layout.chunk_spans for i in range(start, start + 2)}
-    assert heads <= kept and set(ctx.always.tolist()) <= kept
-    assert len(kept & set(ctx.candidates.tolist())) == ctx.budget
-
-
-def test_attended_hybrid_keeps_the_question_attended_share_and_fills_the_budget_by_deviation(runner, prompt):
-    layout = prompt[0]
-    ctx = _context(runner, prompt, 0.4)
-    method = make_selection(BlendConfig(recompute_ratio=0.4, method="attended-deviation", attended_share=0.5,
-                                        check_layer=1))
-    active = method.start(ctx)
-    attended = ctx.memo["attended"]
-    probe = question_attention(_context(runner, prompt, 0.4), None)  # the same probe over a fresh fused cache
-    assert attended.tolist() == select_tokens(probe, ctx.candidates, round(0.5 * ctx.budget)).tolist()
+    selection = make_selection(BlendConfig(recompute_ratio=0.4, method=method, sink_tokens=2, attended_share=0.5,
+                                           check_layer=1))
+    active = selection.start(ctx)
     hidden = runner.layer_forward(0, runner.embed(torch.tensor(layout.token_ids)[active]), active, ctx.cache,
                                   slots=active)
-    kept = set(method.keep(1, ctx, hidden, active).tolist())
-    assert set(attended.tolist()) <= kept and set(ctx.always.tolist()) <= kept
+    kept = set(selection.keep(1, ctx, hidden, active).tolist())
+    if method == "legolink-deviation":
+        forced = {i for start, _ in layout.chunk_spans for i in range(start, start + 2)}
+    else:
+        probe = question_attention(_context(runner, prompt, 0.4), None)  # the same probe over a fresh fused cache
+        forced = set(select_tokens(probe, ctx.candidates, round(0.5 * ctx.budget)).tolist())
+        assert ctx.memo["attended"].tolist() == sorted(forced)
+    assert forced <= kept and set(ctx.always.tolist()) <= kept
     assert len(kept & set(ctx.candidates.tolist())) == ctx.budget
 
 
