@@ -304,9 +304,16 @@ class WithAttended(Selection):
             return cls(inner.from_config(config), config.attended_share, config.probe_layers)
         return type(f"Attended{inner.__name__}", (cls,), {"from_config": staticmethod(from_config)})
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.attended_share <= 1.0:
+            raise ValueError(f"attended_share must be in [0, 1], got {self.attended_share!r}")
+
+    def _count(self, ctx) -> int:
+        return int(round(self.attended_share * ctx.budget))
+
     def _ctx(self, ctx):
-        if "attended" not in ctx.memo:  # the probe runs once a prompt
-            count = int(round(self.attended_share * ctx.budget))
+        if "attended" not in ctx.memo:  # the probe runs once a prompt, and only when it picks anything
+            count = self._count(ctx)
             ctx.memo["attended"] = (select_tokens(question_attention(ctx, self.probe_layers), ctx.candidates, count)
                                     if count else ctx.candidates[:0])
         return ctx.with_forced(ctx.memo["attended"])
@@ -318,7 +325,7 @@ class WithAttended(Selection):
         return self.inner.keep(layer, self._ctx(ctx), hidden, active)
 
     def extra_token_layers(self, ctx):
-        probe = 0 if ctx.budget == 0 else ctx.always.numel() * (self.probe_layers or ctx.runner.shape.num_layers)
+        probe = ctx.always.numel() * (self.probe_layers or ctx.runner.shape.num_layers) if self._count(ctx) else 0
         return probe + self.inner.extra_token_layers(self._ctx(ctx))
 
 

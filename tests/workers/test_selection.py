@@ -151,3 +151,8 @@ def test_unknown_method_is_rejected():
         BlendConfig(compressed_method="nope")  # either name, when the setting is made
     with pytest.raises(ValueError, match="unknown blend method"):
         make_selection(BlendConfig(method="nope"))
+
+
+def test_attended_share_out_of_range_is_rejected():
+    with pytest.raises(ValueError, match="attended_share must be in"):
+        make_selection(BlendConfig(method="attended-gradual", attended_share=1.5))
