@@ -178,6 +178,11 @@ def question_attention(ctx: SelectionContext, probe_layers: int | None) -> torch
     return score
 
 
+def probe_cost(ctx: SelectionContext, probe_layers: int | None) -> int:
+    """Token-layers of `question_attention`'s probe: the always-computed tokens through its layers."""
+    return ctx.always.numel() * (probe_layers or ctx.runner.shape.num_layers)
+
+
 def everything_to_choose(ctx: SelectionContext) -> torch.Tensor:
     """What a deviation method starts with: every token runs the layers before the check layer, so that
     their fresh K/V there can be compared; with no budget there is nothing to choose, and only the
@@ -263,22 +268,27 @@ class Strided(Selection):
 
 
 @dataclass(frozen=True)
-class WithSinks(Selection):
-    """The first `sink_tokens` (default 4) of every chunk, capped by each chunk's budget share, from layer 0;
-    the inner method picks the rest of the budget from the other chunk tokens."""
+class WithForced(Selection):
+    """A hybrid: `forced(ctx)` candidates run from layer 0, paid from the budget; the inner method picks the
+    rest of the budget from the other chunk tokens. Subclasses add their fields, named as in BlendConfig."""
     inner: Selection
-    sink_tokens: int | None = None
 
     @classmethod
     def wrapping(cls, inner: type[Selection]) -> type[Selection]:
         def from_config(config):
-            return cls(inner.from_config(config), config.sink_tokens)
-        return type(f"Sinks{inner.__name__}", (cls,), {"from_config": staticmethod(from_config)})
+            return cls(inner.from_config(config), **{f.name: getattr(config, f.name) for f in fields(cls)[1:]})
+        return type(f"{cls.__name__.removeprefix('With')}{inner.__name__}", (cls,),
+                    {"from_config": staticmethod(from_config)})
+
+    def forced(self, ctx: SelectionContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def extra_forced_layers(self, ctx: SelectionContext) -> int:
+        """Token-layers `forced` runs outside the blend loop."""
+        return 0
 
     def _ctx(self, ctx):
-        share = ctx.budget / ctx.candidates.numel() if ctx.candidates.numel() else 0.0
-        k = 4 if self.sink_tokens is None else self.sink_tokens
-        return ctx.with_forced(chunk_heads(ctx.layout, ctx.candidates, lambda n: min(k, int(round(share * n)))))
+        return ctx.with_forced(self.forced(ctx))
 
     def start(self, ctx):
         return self.inner.start(self._ctx(ctx))
@@ -287,22 +297,25 @@ class WithSinks(Selection):
         return self.inner.keep(layer, self._ctx(ctx), hidden, active)
 
     def extra_token_layers(self, ctx):
-        return self.inner.extra_token_layers(self._ctx(ctx))
+        return self.extra_forced_layers(ctx) + self.inner.extra_token_layers(self._ctx(ctx))
 
 
 @dataclass(frozen=True)
-class WithAttended(Selection):
-    """The chunk tokens the question attends to most (the `attention` probe), `attended_share` of the budget,
-    from layer 0; the inner method picks the rest of the budget from the other chunk tokens."""
-    inner: Selection
+class WithSinks(WithForced):
+    """The first `sink_tokens` (default 4) of every chunk, capped by each chunk's budget share."""
+    sink_tokens: int | None = None
+
+    def forced(self, ctx):
+        share = ctx.budget / ctx.candidates.numel() if ctx.candidates.numel() else 0.0
+        k = 4 if self.sink_tokens is None else self.sink_tokens
+        return chunk_heads(ctx.layout, ctx.candidates, lambda n: min(k, int(round(share * n))))
+
+
+@dataclass(frozen=True)
+class WithAttended(WithForced):
+    """The chunk tokens the question attends to most (the `attention` probe), `attended_share` of the budget."""
     attended_share: float = 0.33
     probe_layers: int | None = None
-
-    @classmethod
-    def wrapping(cls, inner: type[Selection]) -> type[Selection]:
-        def from_config(config):
-            return cls(inner.from_config(config), config.attended_share, config.probe_layers)
-        return type(f"Attended{inner.__name__}", (cls,), {"from_config": staticmethod(from_config)})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.attended_share <= 1.0:
@@ -311,22 +324,15 @@ class WithAttended(Selection):
     def _count(self, ctx) -> int:
         return int(round(self.attended_share * ctx.budget))
 
-    def _ctx(self, ctx):
+    def forced(self, ctx):
         if "attended" not in ctx.memo:  # the probe runs once a prompt, and only when it picks anything
             count = self._count(ctx)
             ctx.memo["attended"] = (select_tokens(question_attention(ctx, self.probe_layers), ctx.candidates, count)
                                     if count else ctx.candidates[:0])
-        return ctx.with_forced(ctx.memo["attended"])
+        return ctx.memo["attended"]
 
-    def start(self, ctx):
-        return self.inner.start(self._ctx(ctx))
-
-    def keep(self, layer, ctx, hidden, active):
-        return self.inner.keep(layer, self._ctx(ctx), hidden, active)
-
-    def extra_token_layers(self, ctx):
-        probe = ctx.always.numel() * (self.probe_layers or ctx.runner.shape.num_layers) if self._count(ctx) else 0
-        return probe + self.inner.extra_token_layers(self._ctx(ctx))
+    def extra_forced_layers(self, ctx):
+        return probe_cost(ctx, self.probe_layers) if self._count(ctx) else 0
 
 
 @selection("attention")
@@ -341,7 +347,7 @@ class QuestionAttention(Selection):
         return torch.sort(torch.cat([picked, ctx.always])).values
 
     def extra_token_layers(self, ctx):
-        return 0 if ctx.budget == 0 else ctx.always.numel() * (self.probe_layers or ctx.runner.shape.num_layers)
+        return 0 if ctx.budget == 0 else probe_cost(ctx, self.probe_layers)
 
 
 @selection("chunks")
