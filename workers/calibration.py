@@ -35,6 +35,7 @@ from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
 from workers.generate import SamplingParams, decode
+from workers.key_plan import codec_for_model
 from workers.prompt import build_prompt
 
 CALIBRATION_VERSION = 1
@@ -168,7 +169,7 @@ def evaluate(runner, prompts: Sequence[CalibrationPrompt], configs: Sequence[Ble
     chunks computed in `chunk_form` (workers/chunk_forms.py), as the engine stores them."""
     from kvstore.store import BlockStore
 
-    chunk_store = BlockStore(None, codec, runner.fingerprint)
+    chunk_store = BlockStore(None, codec_for_model(codec, runner), runner.fingerprint)
     prefix_store = BlockStore(None, PREFIX_CODEC, runner.fingerprint)
     names = ["full", "reuse"] + [config_key(c) for c in configs]
     rows: dict[str, list] = {name: [] for name in names}
@@ -220,13 +221,9 @@ def choose(scores: dict[str, Score], target: Target) -> tuple[str, bool]:
 
 
 def calibration_path(runner, codec: str) -> Path:
-    from workers.model import cache_dir, resolve_model_dir
+    from workers.model import beside_model
 
-    name = f"ragkv-calibration-{codec}.json"
-    model_dir = resolve_model_dir(runner.loaded.source)
-    if os.access(model_dir, os.W_OK):
-        return model_dir / name
-    return cache_dir() / "calibration" / runner.fingerprint[:16] / name
+    return beside_model(runner, f"ragkv-calibration-{codec}.json", "calibration")
 
 
 def _digest(value) -> str:

@@ -30,6 +30,7 @@ from workers.errors import Cancelled, InvalidArgument, NotFound, Unavailable
 from workers.eviction.chunks import (check_ingest_spec, chunk_namespace, compact, compress_chunk, compression_json,
                                      spec_from_json)
 from workers.generate import DecodeHooks, SamplingParams
+from workers.key_plan import codec_for_model
 from workers.modes import PREFILL_MODES, PrefillContext, kv_nbytes
 from workers.paths import default_store_url
 from workers.projections import DEFAULT_PREFILL_KERNEL
@@ -94,7 +95,7 @@ class Engine:
         # decoded blocks land on the model's device: payload copied once, dequantized there (Triton on CUDA)
         # the chunk form is part of what a chunk block is addressed and verified by
         fingerprint = chunk_fingerprint(self.runner.kv_fingerprint, self.runner.tokenizer, config.chunk_form)
-        self.store = BlockStore(backend, config.codec, fingerprint, device=self.runner.device)
+        self.store = BlockStore(backend, codec_for_model(config.codec, self.runner), fingerprint, device=self.runner.device)
         shape = self.runner.shape  # a codec that cannot hold this model's KV is refused now, not at the first chunk
         self.store.codec.payload_size((shape.num_layers, shape.num_kv_heads, 1, shape.head_dim))
         # same backend, own codec: the codec is part of the address, so the two never collide

@@ -144,6 +144,15 @@ def resolve_model_dir(source: str) -> Path:
     return path
 
 
+def beside_model(runner, name: str, kind: str) -> Path:
+    """Where a file measured on this model lives: next to its converted copy, else (read-only copy) under
+    the cache dir, in a folder of `kind` named by the model's fingerprint."""
+    model_dir = resolve_model_dir(runner.loaded.source)
+    if os.access(model_dir, os.W_OK):
+        return model_dir / name
+    return cache_dir() / kind / runner.fingerprint[:16] / name
+
+
 def pick_device(device: str | None) -> torch.device:
     if device:
         return torch.device(device)

@@ -58,12 +58,13 @@ def run(corpus: str, store_url: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, c
     from kvstore.backends.registry import open_backend
     from kvstore.store import BlockStore
     from workers.chunk_forms import chunk_fingerprint
+    from workers.key_plan import planned_codec
     from workers.projections import kernel_fingerprint
     from workers.ray_pool import WorkerPool, ensure_ray
 
     start = time.perf_counter()
     tokenizer, fingerprint = load_tokenizer_and_fingerprint(model)
-    store = BlockStore(open_backend(store_url), codec, chunk_fingerprint(kernel_fingerprint(fingerprint, prefill_kernel),
+    store = BlockStore(open_backend(store_url), planned_codec(codec, model), chunk_fingerprint(kernel_fingerprint(fingerprint, prefill_kernel),
                                                                         tokenizer, chunk_form))
     documents, missing, total = plan(corpus, tokenizer, store, chunk_tokens, namespace)
     summary = Summary(documents=documents, chunks=total, skipped=total - len(missing))

@@ -1,7 +1,7 @@
 """`ragkv bench codecs`: size, error and speed of every codec on real KV, side by side with fp16.
 
 Real KV = the default model's keys/values of the shipped sample documents
-(ragkv/data/docs/*.txt, topped up with the repository's own docs to reach the
+(workers/data/samples/docs/*.txt, topped up with the repository's own docs to reach the
 token target), cut into 256-token chunks, each computed on its own.
 
 Per codec (every registered one, at its default parameters, so pre-RoPE codecs store
@@ -34,7 +34,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 
 
 def sample_text() -> str:
-    docs = sorted((_ROOT / "ragkv" / "data" / "docs").glob("*.txt"))
+    docs = sorted((_ROOT / "workers" / "data" / "samples" / "docs").glob("*.txt"))
     extra = [_ROOT / "README.md", *sorted((_ROOT / "docs").glob("*.md"))]
     return "\n\n".join(p.read_text() for p in [*docs, *extra] if p.exists())
 
@@ -110,7 +110,16 @@ def measure(chunks: list[ChunkKV], codecs: dict[str, dict] | None = None, reps: 
 def run(quick: bool = False, progress: bool = True) -> dict:
     torch.manual_seed(0)
     chunks, _ = real_chunks(QUICK_TOKENS if quick else FULL_TOKENS, progress=progress)
-    return measure(chunks, reps=1 if quick else 3, progress=progress)
+    return measure(chunks, codecs=model_codecs(), reps=1 if quick else 3, progress=progress)
+
+
+def model_codecs() -> dict[str, dict]:
+    """Every registered codec's params as the default model serves it: `wk4v3` with the model's key plan."""
+    from workers.key_plan import codec_for_model
+    from workers.runner import ModelRunner
+
+    runner = ModelRunner.load("default")
+    return {name: codec_for_model(name, runner).params() for name in CODECS}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """`ragkv bench load`: concurrent SDK clients against a real `ragkv serve` subprocess.
 
-16 clients over loopback share a corpus cut from the sample documents (ragkv/data/docs) and send a
+16 clients over loopback share a corpus cut from the sample documents (workers/data/samples/docs) and send a
 fixed number of requests, a mix of Ingest and Generate (blend, a few new tokens each). Reported:
 errors (must be zero), latency p50/p99 per kind and overall, throughput, the server's peak RSS
 (VmHWM from /proc), and the in-memory tier's bytes as polled through the Stats RPC the whole time,
@@ -18,8 +18,9 @@ import sys
 import tempfile
 import threading
 import time
-from importlib import resources
 from pathlib import Path
+
+from workers.samples import sample_documents
 
 CLIENTS = 16
 MEMORY_BUDGET = 2 << 20  # small on purpose: the tier must evict, never exceed
@@ -29,8 +30,8 @@ QUESTIONS = ("What is this about?", "Who is mentioned?", "Where is it?", "When d
 def corpus(max_chunks: int) -> list[str]:
     """Short chunks (two sentences) from the sample documents."""
     chunks: list[str] = []
-    for doc in sorted(resources.files("ragkv.data").joinpath("docs").iterdir(), key=lambda p: p.name):
-        sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", doc.read_text()) if s.strip()]
+    for text in sample_documents().values():
+        sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
         chunks += [" ".join(sentences[i:i + 2]) for i in range(0, len(sentences), 2)]
     return chunks[:max_chunks]
 

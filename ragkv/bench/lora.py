@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from importlib import resources
 
 from tqdm import tqdm
 
@@ -25,6 +24,7 @@ from workers.blend import BlendConfig
 from workers.research.lora import AdapterModels, LoraKVStore, adapter_chunk, random_adapter, relative_error_per_layer
 from workers.research.lora.answer import answer
 from workers.prompt import build_prompt
+from workers.samples import sample_documents, sample_questions
 
 CODEC = "fp16"
 COUNTS = (1, 4, 16)
@@ -32,12 +32,11 @@ COUNTS = (1, 4, 16)
 
 def _samples(runner, quick: bool) -> list[tuple[str, list[int]]]:
     """(question, doc token ids) for each sample question."""
-    data = resources.files("ragkv") / "data"
-    questions = json.loads((data / "questions.json").read_text())
+    docs, questions = sample_documents(), sample_questions()
     out = []
     for q in questions[:1] if quick else questions:
-        ids = runner.tokenize((data / "docs" / q["doc"]).read_text())
-        out.append((q["question"], ids[:16] if quick else ids))
+        ids = runner.tokenize(docs[q.doc])
+        out.append((q.question, ids[:16] if quick else ids))
     return out
 
 

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     from client import RagKVClient
     from ragkv.config import ServeConfig
-    from ragkv.samples import sample_documents, sample_questions
+    from workers.samples import sample_documents, sample_questions
     from ragkv.server.app import build_engine, start_server
 
     console = Console(width=max(Console().width, 150))

@@ -10,6 +10,7 @@ import redis
 
 from kvstore.backends.registry import open_backend
 from kvstore.codecs import DEFAULT_CODEC
+from workers.key_plan import codec_for_model
 from kvstore.store import BlockStore
 from workers.chunk_forms import chunk_fingerprint
 from workers import precompute
@@ -44,7 +45,7 @@ def incrby_calls(url: str) -> int:
 
 def store_for(url, runner, codec=DEFAULT_CODEC):  # what the engine and the actors store with
     fingerprint = runner.with_kernel(EngineConfig.prefill_kernel).kv_fingerprint
-    return BlockStore(open_backend(url), codec, chunk_fingerprint(fingerprint, runner.tokenizer))
+    return BlockStore(open_backend(url), codec_for_model(codec, runner), chunk_fingerprint(fingerprint, runner.tokenizer))
 
 
 def test_chunk_ids_equal_engine_ingest_ids(runner, redis_url):

@@ -31,6 +31,7 @@ def _ray(*args, env, timeout):
 def test_precompute_through_ray_job_submit(redis_url, runner, tmp_path):
     from kvstore.backends.registry import open_backend
     from kvstore.codecs import DEFAULT_CODEC
+    from workers.key_plan import codec_for_model
     from kvstore.store import BlockStore
     from workers.chunking import chunk_text
 
@@ -54,7 +55,8 @@ def test_precompute_through_ray_job_submit(redis_url, runner, tmp_path):
         line = next(l for l in job.stdout.splitlines() if l.startswith('{"precompute"'))
         summary = json.loads(line)["precompute"]
         fingerprint = runner.with_kernel(EngineConfig.prefill_kernel).kv_fingerprint  # what the job's engines store with
-        store = BlockStore(open_backend(redis_url), DEFAULT_CODEC, chunk_fingerprint(fingerprint, runner.tokenizer))
+        store = BlockStore(open_backend(redis_url), codec_for_model(DEFAULT_CODEC, runner),
+                           chunk_fingerprint(fingerprint, runner.tokenizer))
         ids = {store.address_for(runner.tokenize(c)) for d in DOCS for c in chunk_text(runner.tokenizer, d, 64)}
         assert summary["computed"] == len(ids)
         assert set(store.backend.keys()) == ids

@@ -31,6 +31,7 @@ from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
 from workers.engine import PREFIX_CODEC
 from workers.generate import SamplingParams, decode
+from workers.key_plan import codec_for_model
 from workers.prompt import PromptLayout, build_prompt
 from workers.requests import CompressionSpec
 from workers.rope import rerotate_keys
@@ -103,7 +104,7 @@ class PromptContext:
     # -- chunk KV, computed once per prompt ------------------------------------------
     def store(self, codec: str) -> BlockStore:
         if codec not in self._stores:
-            self._stores[codec] = BlockStore(MemoryBackend(), codec, self.runner.fingerprint)
+            self._stores[codec] = BlockStore(MemoryBackend(), codec_for_model(codec, self.runner), self.runner.fingerprint)
         return self._stores[codec]
 
     @property

@@ -1,0 +1,117 @@
+"""A model's key-channel plan for `wk4v3` (kvstore/codecs/planned.py): which key channels get more bits.
+
+Measured once per model on fixed prompts (each sample question over all the sample documents,
+workers/samples.py): for each (layer, kv head, channel) the mean squared query of its GQA group over
+every prompt token, summed over the channel's RoPE pair (RoPE turns the two together, so the pair
+shares its energy), times the spread (std over tokens) of the pre-RoPE keys of the documents. That
+is the weight of kvstore/codecs/allocation.py; `allocate` spends KEY_BITS a channel on average over
+all layers and heads. The prompts are fixed and the pass is deterministic, so every process serving
+the model makes the same plan, hence the same codec params and the same block addresses. The plan
+is stored next to the model's converted copy (`ragkv-key-plan.json`) and reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import torch
+from tqdm import tqdm
+
+from kvstore.codecs import Codec, PlannedKeys, codec_from_spec
+from kvstore.codecs.allocation import allocate, plan_string
+from kvstore.rope import rerotate_keys
+from workers.cache import KVCache
+from workers.prompt import build_prompt
+from workers.samples import sample_documents, sample_questions
+
+KEY_BITS = 4.125  # mean width: keys 33 + 2 bytes a token and head at D = 64, so wk4v3 stays under 0.25 of fp16
+SYSTEM_PROMPT = "You are a helpful assistant."
+PLAN_VERSION = 1
+
+
+def pair_energy(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """q [Hq, S, D] (after RoPE) -> [Hkv, D]: mean q^2 over the GQA group and the tokens, each channel
+    given its RoPE pair's sum (channels c and c + D/2 turn together)."""
+    heads, _, dim = q.shape
+    energy = (q.float() ** 2).reshape(num_kv_heads, heads // num_kv_heads, -1, dim).mean(dim=(1, 2))
+    pair = energy[:, : dim // 2] + energy[:, dim // 2:]
+    return torch.cat([pair, pair], dim=-1)
+
+
+@torch.inference_mode()
+def key_weights(runner) -> torch.Tensor:
+    """-> [L, Hkv, D]: E[q^2] (pair_energy) x std(pre-RoPE key)^2 over the sample prompts."""
+    shape = runner.shape
+    docs = [runner.tokenize(text) for text in sample_documents().values()]
+    energy = torch.zeros(shape.num_layers, shape.num_kv_heads, shape.head_dim)
+    spread = torch.zeros_like(energy)
+    questions = sample_questions()
+    for sample in tqdm(questions, desc="key plan for wk4v3 (once per model)", leave=False):
+        layout = build_prompt(runner.tokenizer, SYSTEM_PROMPT, docs, sample.question)
+        ids = torch.tensor(layout.token_ids, device=runner.device)
+        positions = torch.arange(ids.numel(), device=runner.device)
+        cache = KVCache.empty(shape.num_layers)
+
+        def observe(layer, q, q_positions, kv):
+            energy[layer] += pair_energy(q, shape.num_kv_heads).cpu()
+
+        runner.forward(ids, positions, cache, observer=observe)
+        start, end = layout.chunk_spans[0][0], layout.chunk_spans[-1][1]
+        for layer, kv in enumerate(cache.layers):
+            keys = rerotate_keys(kv.keys[:, start:end].float(), -positions[start:end], runner.inv_freq)  # [Hkv, T, D]
+            spread[layer] += keys.std(dim=1).cpu()
+    return energy / len(questions) * (spread / len(questions)) ** 2
+
+
+def plan_path(runner):
+    from workers.model import beside_model
+
+    return beside_model(runner, "ragkv-key-plan.json", "key-plans")
+
+
+def key_plan(runner, bits: float = KEY_BITS) -> str:
+    """The model's plan (allocation.plan_string), from its stored file when that matches, else measured and stored."""
+    path = plan_path(runner)
+    try:
+        record = json.loads(path.read_text())
+        if (record.get("version"), record.get("fingerprint"), record.get("bits")) == (PLAN_VERSION, runner.fingerprint, bits):
+            return record["plan"]
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    weights = key_weights(runner)
+    plan = plan_string(allocate(weights.flatten(), int(bits * weights.numel())).reshape(weights.shape))
+    record = {"version": PLAN_VERSION, "fingerprint": runner.fingerprint, "bits": bits, "plan": plan}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only place: measured again by the next process, with the same result
+    return plan
+
+
+def needs_plan(codec: Codec) -> bool:
+    return isinstance(codec, PlannedKeys) and not codec.key_plan
+
+
+def planned_codec(spec, model: str) -> Codec:
+    """codec_for_model for a process that has not loaded the model (the precompute driver): loads it only
+    when the codec needs the plan and none is given."""
+    codec = codec_from_spec(spec)
+    if not needs_plan(codec):
+        return codec
+    from workers.runner import ModelRunner
+
+    return codec_for_model(codec, ModelRunner.load(model))
+
+
+def codec_for_model(spec, runner) -> Codec:
+    """The codec of `spec` (a name, spec dict or Codec) for this model: a `wk4v3` without a plan gets the
+    model's; every other codec is returned as is."""
+    codec = codec_from_spec(spec)
+    if needs_plan(codec):
+        return dataclasses.replace(codec, key_plan=key_plan(runner))
+    return codec
