@@ -86,6 +86,13 @@ class PlannedKeys(Codec):
         except ValueError as e:
             raise CodecError(f"{self.name}: {e}") from None
 
+    def _counts(self, shape: Shape) -> list[tuple[int, int]]:
+        """[(bits, channels)]: arithmetic only without a plan, so a forged header's huge shape allocates nothing
+        (a plan is at most a header's length)."""
+        if not self.key_plan:
+            return [(4, shape[0] * shape[1] * shape[3])]
+        return [(bits, idx.numel()) for bits, idx in self._groups(shape)]
+
     def payload_size(self, shape: Shape) -> int:
         layers, heads, tokens, dim = check_shape(shape)
         try:
@@ -94,8 +101,7 @@ class PlannedKeys(Codec):
         except ValueError as e:
             raise CodecError(f"{self.name} head_dim {dim}: {e}") from None
         key_groups = quant.num_groups(tokens, self.key_group)
-        keys = sum(rows * (tokens * bits + 2 * 2 * ROW * key_groups)
-                   for bits, rows in ((b, -(-idx.numel() // ROW)) for b, idx in self._groups(shape)))
+        keys = sum(-(-count // ROW) * (tokens * bits + 2 * 2 * ROW * key_groups) for bits, count in self._counts(shape))
         return keys + self._values(dim).nbytes((layers, heads), tokens, dim)
 
     def encode_parts(self, keys: torch.Tensor, values: torch.Tensor) -> list[torch.Tensor]:
@@ -116,6 +122,9 @@ class PlannedKeys(Codec):
                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         r = PayloadReader(payload, self.payload_size(shape), device)
         layers, heads, tokens, dim = shape
+        if not tokens:  # nothing stored: no channel tables to build (a forged shape may be huge)
+            return (torch.empty(layers, heads, 0, dim, dtype=dtype, device=r.device),
+                    torch.empty(layers, heads, 0, dim, dtype=dtype, device=r.device))
         key_groups = quant.num_groups(tokens, self.key_group)
         grouped = []  # [T, N_b] per width, in the payload's order
         for bits, idx in self._groups(shape):

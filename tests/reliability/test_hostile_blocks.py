@@ -19,7 +19,7 @@ from kvstore.codecs import CodecError, make_codec
 from kvstore.kv import ChunkKV
 
 FP = "e" * 64
-CODEC_NAMES = ("fp16", "int8", "int4", "kivi2")
+CODEC_NAMES = ("fp16", "int8", "int4", "kivi2", "wk4v3")
 
 
 def _size(codec: str, shape) -> int:
@@ -100,7 +100,8 @@ def test_forged_headers_are_errors_or_kv_of_the_declared_shape(codec, shape, lie
 
 
 def test_valid_block_still_decodes():
-    kv = ChunkKV(torch.randn(2, 1, 3, 8), torch.randn(2, 1, 3, 8), [1, 2, 3])
+    inv_freq = 1.0 / (1e4 ** (torch.arange(0, 8, 2) / 8))  # a pre-RoPE codec (wk4v3) un-rotates with it
+    kv = ChunkKV(torch.randn(2, 1, 3, 8), torch.randn(2, 1, 3, 8), [1, 2, 3], inv_freq=inv_freq)
     for codec in CODEC_NAMES:
         out, header = decode_block(encode_block(kv, make_codec(codec), FP), expected_fingerprint=FP)
         assert tuple(out.keys.shape) == (2, 1, 3, 8) and out.token_ids == [1, 2, 3]
