@@ -135,7 +135,7 @@ def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
     Element i occupies bits [i*bits, (i+1)*bits) of the stream, low bit first; N*bits must be a
     multiple of 8. For bits dividing 8 a byte holds whole codes (4 bit: q[2i] | q[2i+1] << 4); for
     3 bits, 8 codes fill 3 bytes and a code may straddle two bytes. Runs of `codes` codes are
-    gathered into one int64 word, then cut into `nbytes` bytes.
+    gathered into one integer word, then cut into `nbytes` bytes.
     """
     check_pack(q.shape[-1], bits)
     if bits == 8:
@@ -150,15 +150,22 @@ def unpack_bits(p: torch.Tensor, bits: int) -> torch.Tensor:
     """p: [..., N*bits/8] uint8 -> q: [..., N] uint8 (inverse of pack_bits)."""
     if bits == 8:
         return p
-    codes, nbytes = _chunking(bits)
     lead, m = p.shape[:-1], p.shape[-1]
-    word = _join(p.reshape(*lead, m // nbytes, nbytes), 8)  # [..., runs]
-    return _split(word, bits, codes).reshape(*lead, m * 8 // bits)
+    if 8 % bits == 0:  # whole codes in each byte (2, 4 bit): shift and mask the bytes themselves
+        mask = (1 << bits) - 1
+        return torch.stack([(p >> (k * bits)) & mask for k in range(8 // bits)], dim=-1).reshape(*lead, m * 8 // bits)
+    if bits == 3:  # 8 codes in 3 bytes, on the bytes themselves (the same stream as _join/_split)
+        b0, b1, b2 = p.reshape(*lead, m // 3, 3).unbind(-1)
+        fields = [b0 & 7, (b0 >> 3) & 7, (b0 >> 6) | ((b1 & 1) << 2), (b1 >> 1) & 7, (b1 >> 4) & 7,
+                  (b1 >> 7) | ((b2 & 3) << 1), (b2 >> 2) & 7, b2 >> 5]
+        return torch.stack(fields, dim=-1).reshape(*lead, m * 8 // bits)
+    raise ValueError(f"bits must be one of {PACK_BITS}, got {bits}")
 
 
 def _join(fields: torch.Tensor, width: int) -> torch.Tensor:
-    """fields [..., K] uint8, each < 2^width -> [...] int64 word, field k at bits [k*width, (k+1)*width)."""
-    fields = fields.to(torch.int64)
+    """fields [..., K] uint8, each < 2^width -> [...] int word, field k at bits [k*width, (k+1)*width)
+    (int32 while K * width fits in 31 bits, int64 beyond)."""
+    fields = fields.to(torch.int32 if fields.shape[-1] * width <= 31 else torch.int64)
     word = fields[..., 0].clone()
     for k in range(1, fields.shape[-1]):
         word |= fields[..., k] << (k * width)
@@ -166,7 +173,7 @@ def _join(fields: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _split(word: torch.Tensor, width: int, count: int) -> torch.Tensor:
-    """Inverse of _join: [...] int64 -> [..., count] uint8 fields of `width` bits, lowest first."""
+    """Inverse of _join: [...] int word -> [..., count] uint8 fields of `width` bits, lowest first."""
     mask = (1 << width) - 1
     return torch.stack([(word >> (k * width)) & mask for k in range(count)], dim=-1).to(torch.uint8)
 
