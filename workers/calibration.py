@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
@@ -36,6 +35,7 @@ from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
 from workers.generate import SamplingParams, decode
 from workers.key_plan import codec_for_model
+from workers.model import beside_model, write_record
 from workers.prompt import build_prompt
 
 CALIBRATION_VERSION = 1
@@ -221,7 +221,6 @@ def choose(scores: dict[str, Score], target: Target) -> tuple[str, bool]:
 
 
 def calibration_path(runner, codec: str) -> Path:
-    from workers.model import beside_model
 
     return beside_model(runner, f"ragkv-calibration-{codec}.json", "calibration")
 
@@ -277,8 +276,5 @@ def calibrate(runner, prompts: Sequence[CalibrationPrompt], codec: str, candidat
     record = {"version": CALIBRATION_VERSION, "fingerprint": runner.fingerprint, "inputs": inputs,
               "num_prompts": len(prompts), "chosen": asdict(chosen), "chosen_key": key, "target_met": met,
               "note": note, "scores": {k: asdict(s) for k, s in scores.items()}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_record(path, record)
     return {**record, "reused": False}

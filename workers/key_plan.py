@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import torch
 from tqdm import tqdm
@@ -23,6 +22,7 @@ from kvstore.codecs import Codec, PlannedKeys, codec_from_spec
 from kvstore.codecs.allocation import allocate, plan_string
 from kvstore.rope import rerotate_keys
 from workers.cache import KVCache
+from workers.model import beside_model, write_record
 from workers.prompt import build_prompt
 from workers.samples import sample_documents, sample_questions
 
@@ -66,28 +66,37 @@ def key_weights(runner) -> torch.Tensor:
 
 
 def plan_path(runner):
-    from workers.model import beside_model
-
     return beside_model(runner, "ragkv-key-plan.json", "key-plans")
 
 
+_PLANS: dict[tuple[str, float], str] = {}  # (fingerprint, bits) -> plan, once read or measured in this process
+
+
 def key_plan(runner, bits: float = KEY_BITS) -> str:
-    """The model's plan (allocation.plan_string), from its stored file when that matches, else measured and stored."""
-    path = plan_path(runner)
+    """The model's plan (allocation.plan_string): this process's copy, else its stored file when that matches,
+    else measured and stored."""
+    key = (runner.fingerprint, bits)
+    if key not in _PLANS:
+        _PLANS[key] = _stored_plan(runner, bits) or _measure_and_store(runner, bits)
+    return _PLANS[key]
+
+
+def _stored_plan(runner, bits: float) -> str | None:
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(plan_path(runner).read_text())
         if (record.get("version"), record.get("fingerprint"), record.get("bits")) == (PLAN_VERSION, runner.fingerprint, bits):
             return record["plan"]
     except (OSError, ValueError, KeyError, AttributeError):
         pass
+    return None
+
+
+def _measure_and_store(runner, bits: float) -> str:
     weights = key_weights(runner)
     plan = plan_string(allocate(weights.flatten(), int(bits * weights.numel())).reshape(weights.shape))
-    record = {"version": PLAN_VERSION, "fingerprint": runner.fingerprint, "bits": bits, "plan": plan}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+        write_record(plan_path(runner), {"version": PLAN_VERSION, "fingerprint": runner.fingerprint, "bits": bits,
+                                         "plan": plan})
     except OSError:
         pass  # a read-only place: measured again by the next process, with the same result
     return plan

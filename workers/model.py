@@ -153,6 +153,14 @@ def beside_model(runner, name: str, kind: str) -> Path:
     return cache_dir() / kind / runner.fingerprint[:16] / name
 
 
+def write_record(path: Path, record: dict) -> None:
+    """A file measured on a model, written whole: a temp file of this process, then renamed over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
 def pick_device(device: str | None) -> torch.device:
     if device:
         return torch.device(device)

@@ -59,12 +59,17 @@ def plan_string(widths: torch.Tensor) -> str:
     return "".join(str(int(b)) for b in widths.flatten().tolist())
 
 
+def check_widths(plan) -> None:
+    """ValueError unless `plan` is a string of supported widths."""
+    allowed = {str(b) for b in PACK_BITS}
+    if not isinstance(plan, str) or not set(plan) <= allowed:
+        raise ValueError(f"key plan widths must be among {sorted(allowed)}")
+
+
 def parse_plan(plan: str, shape: tuple[int, int, int]) -> torch.Tensor:
     """The digits back to widths [L, H, D]; ValueError unless there is one supported width per channel."""
     count = shape[0] * shape[1] * shape[2]
     if len(plan) != count:
         raise ValueError(f"key plan has {len(plan)} widths, the KV has {count} channels {tuple(shape)}")
-    allowed = {str(b) for b in PACK_BITS}
-    if not set(plan) <= allowed:
-        raise ValueError(f"key plan widths must be among {sorted(allowed)}")
+    check_widths(plan)
     return torch.tensor([int(c) for c in plan], dtype=torch.long).reshape(shape)

@@ -161,6 +161,12 @@ class PayloadReader:
         return raw.view(dtype).reshape(shape)
 
 
+def check_group(codec: str, field: str, value, low: int) -> None:
+    """ValueError unless a group-size field is an int (not a bool) in [low, 4096]."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 4096:
+        raise ValueError(f"{codec}: {field} must be an int in [{low}, 4096], got {value!r}")
+
+
 def check_shape(shape: Shape) -> Shape:
     if len(shape) != 4 or any((not isinstance(s, int)) or s < 0 for s in shape):
         raise CodecError(f"shape must be 4 non-negative ints, got {shape!r}")

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from kvstore.codecs import quant, rotation
-from kvstore.codecs.base import Codec, CodecError, PayloadReader, Shape, check_shape, register_codec
+from kvstore.codecs.base import Codec, CodecError, PayloadReader, Shape, check_group, check_shape, register_codec
 from kvstore.kernels import dispatch as kernels
 
 Lead = tuple[int, ...]  # leading axes, [L, H]
@@ -99,9 +99,7 @@ class KiviCodec(Codec):
 
     def __post_init__(self) -> None:
         for name in ("group_size", "key_group", "value_group"):
-            value, low = getattr(self, name), 1 if name == "group_size" else 0
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 4096:
-                raise ValueError(f"{self.name}: {name} must be an int in [{low}, 4096], got {value!r}")
+            check_group(self.name, name, getattr(self, name), 1 if name == "group_size" else 0)
         if not isinstance(self.rotate, bool):
             raise ValueError(f"{self.name}: rotate must be a bool, got {self.rotate!r}")
         if not isinstance(self.residual, int) or isinstance(self.residual, bool) or not 0 <= self.residual <= 1 << 20:

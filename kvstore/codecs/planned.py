@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from kvstore.codecs import quant, rotation
-from kvstore.codecs.allocation import parse_plan
-from kvstore.codecs.base import Codec, CodecError, PayloadReader, Shape, check_shape, register_codec
+from kvstore.codecs.allocation import check_widths, parse_plan
+from kvstore.codecs.base import Codec, CodecError, PayloadReader, Shape, check_group, check_shape, register_codec
 from kvstore.codecs.kivi import GroupQuant
 from kvstore.kernels import dispatch as kernels
 
@@ -63,12 +63,12 @@ class PlannedKeys(Codec):
     value_group: int = 0  # channels per value scale; 0 = the whole head
 
     def __post_init__(self) -> None:
-        if not isinstance(self.key_plan, str) or not set(self.key_plan) <= {str(b) for b in quant.PACK_BITS}:
-            raise ValueError(f"{self.name}: key_plan must be a string of widths among {quant.PACK_BITS}")
-        for field_name, low in (("key_group", 1), ("value_group", 0)):
-            value = getattr(self, field_name)
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 4096:
-                raise ValueError(f"{self.name}: {field_name} must be an int in [{low}, 4096], got {value!r}")
+        try:
+            check_widths(self.key_plan)
+        except ValueError as e:
+            raise ValueError(f"{self.name}: key_plan: {e}") from None
+        check_group(self.name, "key_group", self.key_group, 1)
+        check_group(self.name, "value_group", self.value_group, 0)
         if self.value_bits not in quant.PACK_BITS:
             raise ValueError(f"{self.name}: value_bits must be one of {quant.PACK_BITS}, got {self.value_bits!r}")
 
