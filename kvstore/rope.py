@@ -27,11 +27,44 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [..., T, D]; cos/sin: [T, D] -> x rotated, in x's dtype.
+    """x: [..., T, D]; cos/sin: [T, D] (or broadcastable), halves equal as rope_cos_sin makes them
+    -> x rotated, in x's dtype: each pair (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), the same as
+    x * cos + rotate_half(x) * sin, written half by half with no rotate_half copy.
 
     The products are taken in the wider of the two dtypes (fp32 cos/sin lift a half-precision x;
     the runner passes cos/sin already cast to the model dtype, so its math stays in that dtype)."""
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+    half = x.shape[-1] // 2
+    dtype = torch.promote_types(x.dtype, cos.dtype)
+    x1, x2 = x[..., :half].to(dtype), x[..., half:].to(dtype)
+    c, s = cos[..., :half], sin[..., :half]
+    out = torch.empty(torch.broadcast_shapes(x.shape, cos.shape), dtype=dtype, device=x.device)
+    torch.mul(x1, c, out=out[..., :half]).addcmul_(x2, s, value=-1)
+    torch.mul(x2, c, out=out[..., half:]).addcmul_(x1, s)
+    return out.to(x.dtype)
+
+
+class RopeTable:
+    """cos/sin for positions 0..P-1, made once and grown by doubling, so a forward pass looks its
+    positions up instead of taking cos and sin again in every layer (nano-vllm's cos_sin_cache).
+    Entries are rope_cos_sin's, times `scale`, cast to `dtype`: the same values bit for bit. The pair
+    is replaced as one tuple, so a reader on another thread never sees a cos and a sin of two sizes."""
+
+    def __init__(self, inv_freq: torch.Tensor, scale: float = 1.0, dtype: torch.dtype = torch.float32):
+        self.inv_freq, self.scale, self.dtype = inv_freq, scale, dtype
+        self.table = (torch.empty(0, 2 * inv_freq.numel(), dtype=dtype),) * 2  # (cos, sin) [P, D]
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [..., T] (>= 0) -> cos, sin [..., T, D] on positions' device."""
+        cos, sin = self.table
+        if positions.numel() and int(positions.max()) >= cos.shape[0]:
+            size = max(2 * cos.shape[0], int(positions.max()) + 1, 64)
+            cos, sin = rope_cos_sin(torch.arange(size, device=positions.device), self.inv_freq.to(positions.device))
+            cos, sin = (cos * self.scale).to(self.dtype), (sin * self.scale).to(self.dtype)
+            self.table = (cos, sin)
+        if cos.device != positions.device:
+            cos, sin = cos.to(positions.device), sin.to(positions.device)
+            self.table = (cos, sin)
+        return cos[positions], sin[positions]
 
 
 def rerotate_keys(keys: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor,

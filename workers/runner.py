@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 import torch
 
 from kvstore.kv import ChunkKV
-from kvstore.rope import RE_ROTATABLE_ROPE_TYPES, apply_rope, rope_cos_sin
+from kvstore.rope import RE_ROTATABLE_ROPE_TYPES, RopeTable, apply_rope
 from workers.attention import attend
 from workers.cache import KVCache, LayerKV
 from workers.model import DEFAULT_MODEL, LoadedModel, load_model
@@ -70,6 +70,7 @@ class ModelRunner:
         self.rope_type = _rope_type(config)
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
+        self.rope = RopeTable(self.inv_freq, self.rope_scale, self.dtype)  # cos/sin by position, scaled
         self._decode_weights: dict[tuple[str, int], object] = {}
         self.kernel = EXACT_PREFILL_KERNEL  # prefill projections (workers/projections.py); with_kernel() for others
         self.projections: Projections = PREFILL_KERNELS[self.kernel](self.layers)
@@ -136,8 +137,7 @@ class ModelRunner:
         q, k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.qkv(layer, normed))
         if getattr(attn, "q_norm", None) is not None:  # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = rope_cos_sin(positions, self.inv_freq.to(positions.device))
-        cos, sin = (cos * self.rope_scale).to(self.dtype), (sin * self.rope_scale).to(self.dtype)
+        cos, sin = self.rope(positions)  # [S, D], scaled, in the model dtype
         q, k = apply_rope(q.transpose(0, 1), cos, sin), apply_rope(k.transpose(0, 1), cos, sin)
         return q, k, v.transpose(0, 1)
 

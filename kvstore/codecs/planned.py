@@ -46,12 +46,6 @@ def width_groups(plan: str, layers: int, heads: int, dim: int) -> tuple[tuple[in
     return tuple((b, (widths == b).nonzero().flatten()) for b in quant.PACK_BITS if bool((widths == b).any()))
 
 
-@functools.lru_cache(maxsize=16)
-def unsort(plan: str, layers: int, heads: int, dim: int) -> torch.Tensor:
-    """[C]: where each channel sits in the width-grouped order, so one gather puts the channels back."""
-    return torch.argsort(torch.cat([idx for _, idx in width_groups(plan, layers, heads, dim)]))
-
-
 @register_codec
 @dataclass(frozen=True)
 class PlannedKeys(Codec):
@@ -126,14 +120,14 @@ class PlannedKeys(Codec):
             return (torch.empty(layers, heads, 0, dim, dtype=dtype, device=r.device),
                     torch.empty(layers, heads, 0, dim, dtype=dtype, device=r.device))
         key_groups = quant.num_groups(tokens, self.key_group)
-        grouped = []  # [T, N_b] per width, in the payload's order
+        channels = torch.empty(layers * heads * dim, tokens, dtype=dtype, device=r.device)  # [C, T], C = [L, H, D]
         for bits, idx in self._groups(shape):
             rows = -(-idx.numel() // ROW)
             codes = r.take(torch.uint8, (rows, tokens, bits))
             scale = r.take(torch.float16, (rows, ROW, key_groups))
             zero = r.take(torch.float16, (rows, ROW, key_groups))
             x = kernels.dequantize_channel(codes, scale, zero, bits, self.key_group, out_dtype=dtype)  # [R, T, 8]
-            grouped.append(x.transpose(0, 1).reshape(tokens, rows * ROW)[:, : idx.numel()])
-        channels = torch.cat(grouped, dim=1)[:, unsort(self.key_plan, layers, heads, dim).to(r.device)]  # [T, C]
-        keys = channels.reshape(tokens, layers, heads, dim).permute(1, 2, 0, 3).contiguous()
+            # channel-major [N_b, T] (a view of the torch path's output), each row to its channel's place
+            channels.index_copy_(0, idx.to(r.device), x.transpose(1, 2).reshape(rows * ROW, tokens)[: idx.numel()])
+        keys = channels.view(layers, heads, dim, tokens).transpose(2, 3).contiguous()  # [L, H, T, D]
         return keys, self._values(dim).decode(r, (layers, heads), tokens, dim, dtype)
