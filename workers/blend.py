@@ -28,6 +28,7 @@ import torch
 
 from kvstore.kv import ChunkKV
 from workers.cache import KVCache, LayerKV
+from workers.context_drift import ContextDrift, chunk_range, shift_chunks
 from workers.drift import chunk_index, key_drift, shift_keys, shift_values, value_drift
 from workers.eviction.chunks import place_chunk
 from workers.prompt import PromptLayout
@@ -52,6 +53,9 @@ class BlendConfig:
     attended_share: float = 0.33  # attended-*: the share of the budget the question probe picks
     key_scale: float = 1.0  # attention temperature on reused chunk keys (APE-style); 1 = off
     drift: bool = False  # shift the stored K/V that are not recomputed by the recomputed ones' drift (drift.py)
+    # shift every stored chunk entry by the model's measured mean context drift before choosing
+    # (workers/context_drift.py); whole chunks only
+    context_drift: bool = True
 
     def __post_init__(self) -> None:
         for name in (self.method, self.compressed_method):
@@ -60,12 +64,12 @@ class BlendConfig:
 
     def for_prompt(self, compressed: bool) -> "BlendConfig":
         """The setting that runs over a prompt (`compressed`: it holds a chunk compressed at ingest)."""
-        if not compressed or (self.compressed_method in (None, self.method)
+        if not compressed or (self.compressed_method in (None, self.method) and not self.context_drift
                               and self.compressed_check_layer in (None, self.check_layer)):
             return self
         layer = self.check_layer if self.compressed_check_layer is None else self.compressed_check_layer
         return replace(self, method=self.compressed_method or self.method, check_layer=layer,
-                       compressed_method=None, compressed_check_layer=None)
+                       compressed_method=None, compressed_check_layer=None, context_drift=False)
 
     def named(self, method: str) -> "BlendConfig":
         """`method` over every kind of chunk (a setting asked for by name: `blend:METHOD@RATIO`)."""
@@ -140,12 +144,14 @@ class DriftRepair:
 
 @torch.inference_mode()
 def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.Tensor, config: BlendConfig,
-                  observer=None, reuse: bool = False) -> tuple[torch.Tensor, dict]:
+                  observer=None, reuse: bool = False, drift: ContextDrift | None = None) -> tuple[torch.Tensor, dict]:
     """Run the selective recompute over a fused cache; returns (logits of the last token [1, vocab], stats).
 
     `computed` marks tokens without stored KV (they always run). `reuse=True` is plain
     reuse: only those tokens run and nothing stored is overwritten (blend at ratio 0
-    must agree with it, which `ragkv check` verifies).
+    must agree with it, which `ragkv check` verifies). `drift`: the model's context drift
+    (workers/context_drift.py), added to every stored chunk entry first when the config asks for it
+    and something is recomputed.
     """
     if not 0 <= config.check_layer < runner.shape.num_layers:
         raise ValueError(f"check_layer must be in [0, {runner.shape.num_layers}), got {config.check_layer}")
@@ -160,6 +166,9 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
         for kv in cache.layers:
             kv.keys[:, chunk_tokens] *= config.key_scale
     budget = 0 if reuse else int(round(config.recompute_ratio * chunk_tokens.numel()))
+    shifted = bool(config.context_drift and drift is not None and budget > 0)
+    if shifted:
+        shift_chunks(cache, chunk_range(layout), drift, runner.inv_freq)
     ctx = SelectionContext(runner, layout, cache, chunk_tokens, computed.nonzero().flatten(), budget)
 
     active = method.start(ctx)  # sorted prompt indices whose hidden states go through the current layer
@@ -181,6 +190,7 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
              "check_layer": config.check_layer, "blend_method": "reuse" if reuse else config.method,
              "blend_config": config.name,
              "key_drift": bool(config.drift and not reuse),
+             "context_drift": shifted,
              "recompute_ratio": 0.0 if reuse else config.recompute_ratio,
              # token-layers run, against a full prefill's (a deterministic compute cost)
              "compute_fraction": token_layers / (layout.num_tokens * runner.shape.num_layers)}

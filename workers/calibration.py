@@ -33,12 +33,13 @@ import torch
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
+from workers.context_drift import context_drift
 from workers.generate import SamplingParams, decode
 from workers.key_plan import codec_for_model
 from workers.model import beside_model, write_record
 from workers.prompt import build_prompt
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: blend shifts stored chunks by the model's context drift first
 PREFIX_CODEC = "fp16"  # as the engine keeps the system-prompt prefix
 
 
@@ -121,6 +122,7 @@ class _Prepared:
         self.layout = build_prompt(runner.tokenizer, prompt.system_prompt, chunks, prompt.question)
         self.prefix = prefix_store.as_stored(runner.chunk_kv(self.layout.prefix_ids))[1]
         self.kvs = [chunk_store.as_stored(compute_chunk(runner, c, chunk_form))[1] for c in chunks]
+        self.chunk_form = chunk_form
         n = self.layout.num_tokens
         ids = torch.tensor(self.layout.token_ids, device=runner.device)
         cache = KVCache.empty(runner.shape.num_layers)
@@ -135,7 +137,8 @@ class _Prepared:
         Greedy decoding, done the cheap way: one teacher-forced pass over full's answer finds the
         first step where this cache's argmax leaves it; only from there on is it decoded token by token."""
         cache, computed = fuse_chunks(runner, self.layout, self.prefix, self.kvs)
-        first, stats = blend_prefill(runner, self.layout, cache, computed, config, reuse=reuse)
+        drift = context_drift(runner, self.chunk_form) if config.context_drift and not reuse else None
+        first, stats = blend_prefill(runner, self.layout, cache, computed, config, reuse=reuse, drift=drift)
         n, full = self.layout.num_tokens, self.full
         rows = _forced_rows(runner, cache, first, full, n)  # row i predicts answer token i
         logp = torch.log_softmax(rows, dim=-1)

@@ -9,6 +9,8 @@ A config name reads `KIND[:ARG][@NUMBER][:FLAG]`:
     blend+lead[:METHOD][@R] | reuse+lead     chunks in a named form (workers/chunk_forms.py), whatever the
     blend+alone[:METHOD][@R] | reuse+alone   engine's default form: after the fixed lead-in, or alone
     reuse+codec:NAME        reuse over chunks stored through NAME
+    blend...:drift | :nodrift | :shift | :noshift   key-drift repair on / off; the model's context drift
+                                  added first on / off (workers/context_drift.py)
     policy:NAME@BUDGET[:noprot]   eviction after the full prefill, protection on unless :noprot
     ingest:NAME@BUDGET[:reuse]    chunks compressed at ingest (query-agnostic NAME, e.g. kvzip), stored
                                   through the suite's codec, then blended (or reused)
@@ -25,6 +27,7 @@ from typing import Callable, ClassVar
 
 from kvstore.registry import add_unique
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+from workers.context_drift import context_drift
 from workers.generate import DecodeHooks
 
 CONFIG_KINDS: dict[str, type["ConfigKind"]] = {}
@@ -100,16 +103,19 @@ class Blend(ConfigKind):
     reuse: bool = False
     form: str | None = None  # how the chunks were computed (workers/chunk_forms.py); None: the engine's form
     drift: bool | None = None  # key-drift repair (workers/drift.py); None: the default setting's
+    shift: bool | None = None  # the model's context drift first (workers/context_drift.py); None: the default's
 
     @classmethod
     def parse(cls, name, arg, number, flag):
-        if flag not in (None, "drift", "nodrift"):
-            raise ValueError(f"config {name!r}: the only flags are :drift and :nodrift")
+        if flag not in (None, "drift", "nodrift", "shift", "noshift"):
+            raise ValueError(f"config {name!r}: the only flags are :drift, :nodrift, :shift and :noshift")
         if number is not None and not 0.0 <= number <= 1.0:
             raise ValueError(f"config {name!r}: recompute ratio must be in [0, 1]")
         if arg is not None:
             BlendConfig().named(arg)  # an unknown selection method: ValueError naming the registered ones
-        return cls(name, method=arg, ratio=number, drift=None if flag is None else flag == "drift")
+        drift = None if flag not in ("drift", "nodrift") else flag == "drift"
+        shift = None if flag not in ("shift", "noshift") else flag == "shift"
+        return cls(name, method=arg, ratio=number, drift=drift, shift=shift)
 
     def blend_config(self, default: BlendConfig | None = None) -> BlendConfig:
         """`default` (the engine's setting: calibrated, else its config) with this config's method / ratio."""
@@ -120,6 +126,8 @@ class Blend(ConfigKind):
             config = config.named(self.method)
         if self.drift is not None:
             config = replace(config, drift=self.drift)
+        if self.shift is not None:
+            config = replace(config, context_drift=self.shift)
         return config
 
     def chunks(self, ctx):
@@ -127,8 +135,9 @@ class Blend(ConfigKind):
 
     def prepare(self, ctx) -> Prepared:
         cache, computed = fuse_chunks(ctx.runner, ctx.layout, ctx.prefix_kv(), self.chunks(ctx))
-        logits, stats = blend_prefill(ctx.runner, ctx.layout, cache, computed, self.blend_config(ctx.default_blend),
-                                      reuse=self.reuse)
+        config = self.blend_config(ctx.default_blend)
+        drift = context_drift(ctx.runner, self.form or ctx.chunk_form) if config.context_drift and not self.reuse else None
+        logits, stats = blend_prefill(ctx.runner, ctx.layout, cache, computed, config, reuse=self.reuse, drift=drift)
         return Prepared(logits, cache, stats=stats)
 
 

@@ -1,0 +1,107 @@
+"""Context drift (workers/context_drift.py): the shift's math, its place in blend, and the stored measurement."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from workers import context_drift as cd
+from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+from workers.cache import KVCache, LayerKV
+from workers.prompt import build_prompt
+from workers.rope import rerotate_keys
+from workers.selfcheck import CHECK_TEXTS
+
+
+def random_drift(layers: int, heads: int, dim: int, scale: float, seed: int = 0) -> cd.ContextDrift:
+    g = torch.Generator().manual_seed(seed)
+    return cd.ContextDrift(keys=torch.randn(2, layers, heads, dim, generator=g) * scale,
+                           values=torch.randn(2, layers, heads, dim, generator=g) * scale)
+
+
+def test_shift_chunks_adds_the_pre_rope_drift_of_each_tokens_slot():
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    g = torch.Generator().manual_seed(1)
+    keys, values = torch.randn(2, 3, 7, 8, generator=g), torch.randn(2, 3, 7, 8, generator=g)  # [L, H, T, D]
+    positions = torch.arange(7) + 40
+    cache = KVCache([LayerKV(keys[i].clone(), values[i].clone(), positions) for i in range(2)])
+    drift = random_drift(2, 3, 8, 1.0)
+    cd.shift_chunks(cache, (1, 3, 6), drift, inv_freq)  # tokens 1-2 in the first chunk, 3-5 in later ones
+    for layer, kv in enumerate(cache.layers):
+        for token, slot in ((1, 0), (2, 0), (3, 1), (4, 1), (5, 1)):
+            pre = rerotate_keys(keys[layer][:, token:token + 1], -int(positions[token]), inv_freq)
+            expected = rerotate_keys(pre + drift.keys[slot, layer][:, None], int(positions[token]), inv_freq)
+            torch.testing.assert_close(kv.keys[:, token:token + 1], expected, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(kv.values[:, token], values[layer][:, token] + drift.values[slot, layer])
+        untouched = torch.tensor([0, 6])
+        assert torch.equal(kv.keys[:, untouched], keys[layer][:, untouched])
+        assert torch.equal(kv.values[:, untouched], values[layer][:, untouched])
+
+
+def test_chunk_range_spans_every_chunk_and_marks_the_first():
+    layout = build_prompt(_Tok(), "", [[5] * 3, [6] * 2, [7] * 4], "q")
+    start, first_end, end = cd.chunk_range(layout)
+    assert (start, first_end, end) == (layout.chunk_spans[0][0], layout.chunk_spans[0][1], layout.chunk_spans[-1][1])
+    assert first_end - start == 3 and end - start == 3 + 2 + 4 + 2  # two separators inside
+
+
+class _Tok:
+    """A tokenizer stub for layout arithmetic only: every text is one token, the template is empty."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1] if text else []}
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return messages[-1]["content"]
+
+
+def _prompt(runner):
+    chunks = [runner.tokenize(text) for text in CHECK_TEXTS]
+    layout = build_prompt(runner.tokenizer, "", chunks, "What did the lighthouse keeper count?")
+    return layout, runner.chunk_kv(layout.prefix_ids), [runner.chunk_kv(c) for c in chunks]
+
+
+def _blend(runner, layout, prefix, chunks, config, drift=None, reuse=False):
+    cache, computed = fuse_chunks(runner, layout, prefix, chunks)
+    return blend_prefill(runner, layout, cache, computed, config, reuse=reuse, drift=drift)
+
+
+def test_blend_with_context_drift_keeps_ratio_one_and_ratio_zero(runner):
+    layout, prefix, chunks = _prompt(runner)
+    shape = runner.shape
+    drift = random_drift(shape.num_layers, shape.num_kv_heads, shape.head_dim, 0.5)
+    on = BlendConfig(context_drift=True)
+    full = runner.forward(torch.tensor(layout.token_ids), torch.arange(layout.num_tokens),
+                          KVCache.empty(shape.num_layers))
+    at_one, stats = _blend(runner, layout, prefix, chunks, BlendConfig(recompute_ratio=1.0, context_drift=True), drift)
+    assert stats["context_drift"]
+    assert float((at_one - full).abs().max() / full.abs().max()) < 1e-3  # every entry recomputed: the shift is gone
+    reused, _ = _blend(runner, layout, prefix, chunks, on, reuse=True)
+    at_zero, stats = _blend(runner, layout, prefix, chunks, BlendConfig(recompute_ratio=0.0, context_drift=True), drift)
+    assert not stats["context_drift"] and torch.allclose(at_zero, reused, atol=1e-4)  # nothing recomputed: reuse
+    shifted, stats = _blend(runner, layout, prefix, chunks, on, drift)
+    plain, plain_stats = _blend(runner, layout, prefix, chunks, BlendConfig(context_drift=False), drift)
+    assert stats["context_drift"] and not plain_stats["context_drift"]
+    assert not torch.allclose(shifted, plain, atol=1e-3)
+    assert not BlendConfig(context_drift=True).for_prompt(compressed=True).context_drift  # whole chunks only
+
+
+def test_context_drift_is_measured_once_stored_and_reused(runner, monkeypatch, tmp_path):
+    monkeypatch.setattr(cd, "DRAWS", 1)
+    monkeypatch.setattr(cd, "PROMPT_CHUNKS", 2)
+    monkeypatch.setattr(cd, "drift_path", lambda runner, form: tmp_path / f"drift-{form}.json")
+    monkeypatch.setattr(cd, "_DRIFTS", {})
+    measured = cd.context_drift(runner, "doc")
+    shape = runner.shape
+    assert measured.keys.shape == (2, shape.num_layers, shape.num_kv_heads, shape.head_dim)
+    assert measured.keys.abs().sum() > 0 and measured.values.abs().sum() > 0
+    assert cd.context_drift(runner, "doc") is measured  # this process's copy
+    cd._DRIFTS.clear()
+    again = cd.context_drift(runner, "doc")  # read back from the file
+    assert torch.equal(again.keys, measured.keys) and torch.equal(again.values, measured.values)
+    fresh = cd.measure(runner, "doc")  # fixed prompts, seeded draws: the same numbers
+    torch.testing.assert_close(fresh.keys, measured.keys)
+    record = json.loads((tmp_path / "drift-doc.json").read_text())
+    (tmp_path / "drift-doc.json").write_text(json.dumps({**record, "fingerprint": "another model"}))
+    assert cd._stored(runner, "doc") is None  # a file measured on another model is not used

@@ -1,0 +1,131 @@
+"""Context drift: the mean shift of a stored chunk's K/V inside a prompt, measured once per model.
+
+A stored chunk was computed after a fixed lead-in (workers/chunk_forms.py), not after the chunks a
+prompt puts before it. Measured on the quality suite's `dev` split (README, "Shift, then blend"):
+the filler of the chunks that do not hold the answer then pulls the question's attention, and
+shifting every stored chunk entry by the mean drift before blend chooses its tokens removes most
+of that (blend's deviation check then measures what the mean does not explain). The drift of a
+(layer, kv head) points the same way across chunks and prompts (cosine 0.8-0.98), so it is
+measured once per model, on fixed prompts (the sample documents cut into 128-token chunks, eight
+to a prompt, three draws per sample question), for the first chunk of a prompt and for the later
+ones, and stored next to the model's converted copy like the key plan.
+
+Keys are shifted before RoPE (each entry's shift rotated to its position), values as they are.
+Shapes: 2 slots (first chunk, later chunks), L layers, H kv heads, T tokens, D head dim.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from kvstore.rope import apply_rope, rerotate_keys, rope_cos_sin
+from workers.cache import KVCache
+from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
+from workers.model import beside_model, write_record
+from workers.prompt import PromptLayout, build_prompt
+from workers.samples import sample_documents, sample_questions
+
+CHUNK_TOKENS = 128  # the sample documents are cut into chunks of this many tokens
+PROMPT_CHUNKS = 8
+DRAWS = 3  # prompts per sample question, each a seeded draw of PROMPT_CHUNKS chunks
+DRIFT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ContextDrift:
+    keys: torch.Tensor  # [2, L, H, D] fp32, pre-RoPE: slot 0 = a prompt's first chunk, 1 = the later ones
+    values: torch.Tensor  # [2, L, H, D] fp32
+
+
+def chunk_range(layout: PromptLayout) -> tuple[int, int, int]:
+    """(start, first chunk's end, end): the prompt indices the shift covers. The separators between chunks
+    fall inside; they have no stored KV and run through every layer, so whatever they hold is overwritten."""
+    return layout.chunk_spans[0][0], layout.chunk_spans[0][1], layout.chunk_spans[-1][1]
+
+
+def shift_chunks(cache: KVCache, span: tuple[int, int, int], drift: ContextDrift, inv_freq: torch.Tensor) -> None:
+    """Add to every stored entry in span = (start, first_end, end) its slot's drift (slot 0 before first_end,
+    1 after), in every layer, in place: keys before RoPE (the shift rotated to each position), values as they are."""
+    start, first_end, end = span
+    positions = cache.layers[0].positions[start:end]  # [T]
+    slots = (torch.arange(start, end, device=positions.device) >= first_end).long()  # [T]
+    cos, sin = rope_cos_sin(positions, inv_freq.to(positions.device))  # [T, D], once for every layer
+    for layer, kv in enumerate(cache.layers):
+        keys = drift.keys[:, layer].to(kv.keys.device)[slots].transpose(0, 1)  # [H, T, D] pre-RoPE
+        kv.keys[:, start:end] += apply_rope(keys, cos, sin).to(kv.keys.dtype)
+        kv.values[:, start:end] += drift.values[:, layer].to(kv.values.device)[slots].transpose(0, 1).to(kv.values.dtype)
+
+
+def _sample_chunks(runner) -> list[list[int]]:
+    docs = [runner.tokenize(text) for text in sample_documents().values()]
+    return [d[i:i + CHUNK_TOKENS] for d in docs for i in range(0, len(d) - CHUNK_TOKENS // 2, CHUNK_TOKENS)]
+
+
+@torch.inference_mode()
+def measure(runner, form: str = DEFAULT_CHUNK_FORM) -> ContextDrift:
+    """Mean over the sample prompts of (in-prompt - stored) K/V per chunk slot, layer and kv head."""
+    shape = runner.shape
+    chunks = _sample_chunks(runner)
+    stored: dict[int, object] = {}  # chunk index -> its stored form's KV (keys rotated at 0..n-1), as drawn
+    sums = torch.zeros(2, 2, shape.num_layers, shape.num_kv_heads, shape.head_dim)  # [K/V, slot, L, H, D]
+    counts = torch.zeros(2)
+    generator = torch.Generator().manual_seed(0)
+    draws = [(q, torch.randperm(len(chunks), generator=generator)[:PROMPT_CHUNKS].tolist())
+             for q in sample_questions() for _ in range(DRAWS)]
+    for sample, pick in tqdm(draws, desc="context drift (once per model)", leave=False):
+        layout = build_prompt(runner.tokenizer, "", [chunks[i] for i in pick], sample.question)
+        cache = KVCache.empty(shape.num_layers)
+        runner.forward(torch.tensor(layout.token_ids, device=runner.device),
+                       torch.arange(layout.num_tokens, device=runner.device), cache)
+        for j, ((start, end), i) in enumerate(zip(layout.chunk_spans, pick)):
+            slot, local = min(j, 1), torch.arange(end - start)
+            if i not in stored:
+                stored[i] = compute_chunk(runner, chunks[i], form)
+            for layer, kv in enumerate(cache.layers):
+                true_keys = rerotate_keys(kv.keys[:, start:end].float().cpu(), -kv.positions[start:end].cpu(), runner.inv_freq)
+                own_keys = rerotate_keys(stored[i].keys[layer].float().cpu(), -local, runner.inv_freq)
+                sums[0, slot, layer] += (true_keys - own_keys).mean(dim=1)
+                sums[1, slot, layer] += (kv.values[:, start:end].float().cpu() - stored[i].values[layer].float().cpu()).mean(dim=1)
+            counts[slot] += 1
+    means = sums / counts[None, :, None, None, None]
+    return ContextDrift(keys=means[0], values=means[1])
+
+
+def drift_path(runner, form: str):
+    return beside_model(runner, f"ragkv-context-drift-{form}.json", "context-drift")
+
+
+_DRIFTS: dict[tuple[str, str], ContextDrift] = {}  # (fingerprint, form) -> drift, read or measured in this process
+
+
+def context_drift(runner, form: str = DEFAULT_CHUNK_FORM) -> ContextDrift:
+    """The model's drift for chunks of `form`: this process's copy, else the stored file when it matches,
+    else measured (~30 s on 2 CPU cores for the default model) and stored."""
+    key = (runner.fingerprint, form)
+    if key not in _DRIFTS:
+        _DRIFTS[key] = _stored(runner, form) or _measure_and_store(runner, form)
+    return _DRIFTS[key]
+
+
+def _stored(runner, form: str) -> ContextDrift | None:
+    try:
+        record = json.loads(drift_path(runner, form).read_text())
+        if (record.get("version"), record.get("fingerprint"), record.get("form")) == (DRIFT_VERSION, runner.fingerprint, form):
+            return ContextDrift(keys=torch.tensor(record["keys"]), values=torch.tensor(record["values"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
+def _measure_and_store(runner, form: str) -> ContextDrift:
+    drift = measure(runner, form)
+    try:
+        write_record(drift_path(runner, form), {"version": DRIFT_VERSION, "fingerprint": runner.fingerprint,
+                                                "form": form, "keys": drift.keys.tolist(), "values": drift.values.tolist()})
+    except OSError:
+        pass  # a read-only place: measured again by the next process, with the same result
+    return drift
