@@ -16,7 +16,6 @@ Shapes: 2 slots (first chunk, later chunks), L layers, H kv heads, T tokens, D h
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +24,7 @@ from tqdm import tqdm
 from kvstore.rope import apply_rope, rerotate_keys, rope_cos_sin
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
-from workers.model import beside_model, write_record
+from workers.model import beside_model, measured_record
 from workers.prompt import PromptLayout, build_prompt
 from workers.samples import sample_documents, sample_questions
 
@@ -107,25 +106,12 @@ def context_drift(runner, form: str = DEFAULT_CHUNK_FORM) -> ContextDrift:
     else measured (~30 s on 2 CPU cores for the default model) and stored."""
     key = (runner.fingerprint, form)
     if key not in _DRIFTS:
-        _DRIFTS[key] = _stored(runner, form) or _measure_and_store(runner, form)
+        identity = {"version": DRIFT_VERSION, "fingerprint": runner.fingerprint, "form": form}
+        record = measured_record(drift_path(runner, form), identity, lambda: _measure_record(runner, form))
+        _DRIFTS[key] = ContextDrift(keys=torch.tensor(record["keys"]), values=torch.tensor(record["values"]))
     return _DRIFTS[key]
 
 
-def _stored(runner, form: str) -> ContextDrift | None:
-    try:
-        record = json.loads(drift_path(runner, form).read_text())
-        if (record.get("version"), record.get("fingerprint"), record.get("form")) == (DRIFT_VERSION, runner.fingerprint, form):
-            return ContextDrift(keys=torch.tensor(record["keys"]), values=torch.tensor(record["values"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    return None
-
-
-def _measure_and_store(runner, form: str) -> ContextDrift:
+def _measure_record(runner, form: str) -> dict:
     drift = measure(runner, form)
-    try:
-        write_record(drift_path(runner, form), {"version": DRIFT_VERSION, "fingerprint": runner.fingerprint,
-                                                "form": form, "keys": drift.keys.tolist(), "values": drift.values.tolist()})
-    except OSError:
-        pass  # a read-only place: measured again by the next process, with the same result
-    return drift
+    return {"keys": drift.keys.tolist(), "values": drift.values.tolist()}

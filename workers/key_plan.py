@@ -13,7 +13,6 @@ is stored next to the model's converted copy (`ragkv-key-plan.json`) and reused.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import torch
 from tqdm import tqdm
@@ -22,13 +21,13 @@ from kvstore.codecs import Codec, PlannedKeys, codec_from_spec
 from kvstore.codecs.allocation import allocate, plan_string
 from kvstore.rope import rerotate_keys
 from workers.cache import KVCache
-from workers.model import beside_model, write_record
+from workers.model import beside_model, measured_record
 from workers.prompt import build_prompt
 from workers.samples import sample_documents, sample_questions
 
 KEY_BITS = 4.125  # mean width: keys 33 + 2 bytes a token and head at D = 64, so wk4v3 stays under 0.25 of fp16
 SYSTEM_PROMPT = "You are a helpful assistant."
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: the plan under "measured" (workers.model.measured_record)
 
 
 def pair_energy(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -77,29 +76,14 @@ def key_plan(runner, bits: float = KEY_BITS) -> str:
     else measured and stored."""
     key = (runner.fingerprint, bits)
     if key not in _PLANS:
-        _PLANS[key] = _stored_plan(runner, bits) or _measure_and_store(runner, bits)
+        identity = {"version": PLAN_VERSION, "fingerprint": runner.fingerprint, "bits": bits}
+        _PLANS[key] = measured_record(plan_path(runner), identity, lambda: _measure(runner, bits))["plan"]
     return _PLANS[key]
 
 
-def _stored_plan(runner, bits: float) -> str | None:
-    try:
-        record = json.loads(plan_path(runner).read_text())
-        if (record.get("version"), record.get("fingerprint"), record.get("bits")) == (PLAN_VERSION, runner.fingerprint, bits):
-            return record["plan"]
-    except (OSError, ValueError, KeyError, AttributeError):
-        pass
-    return None
-
-
-def _measure_and_store(runner, bits: float) -> str:
+def _measure(runner, bits: float) -> dict:
     weights = key_weights(runner)
-    plan = plan_string(allocate(weights.flatten(), int(bits * weights.numel())).reshape(weights.shape))
-    try:
-        write_record(plan_path(runner), {"version": PLAN_VERSION, "fingerprint": runner.fingerprint, "bits": bits,
-                                         "plan": plan})
-    except OSError:
-        pass  # a read-only place: measured again by the next process, with the same result
-    return plan
+    return {"plan": plan_string(allocate(weights.flatten(), int(bits * weights.numel())).reshape(weights.shape))}
 
 
 def needs_plan(codec: Codec) -> bool:

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -159,6 +160,24 @@ def write_record(path: Path, record: dict) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
     os.replace(tmp, path)
+
+
+def measured_record(path: Path, identity: dict, measure: Callable[[], dict]) -> dict:
+    """A record measured on a model and kept at `path` (JSON): the file's when it holds `identity` (version,
+    fingerprint, ...) and every field `measure` gives, else `measure()`'s, written there. A read-only place
+    keeps nothing: the next process measures again, with the same result (the measurements are deterministic)."""
+    try:
+        record = json.loads(path.read_text())
+        if isinstance(record, dict) and all(record.get(k) == v for k, v in identity.items()) and "measured" in record:
+            return record["measured"]
+    except (OSError, ValueError):
+        pass
+    measured = measure()
+    try:
+        write_record(path, {**identity, "measured": measured})
+    except OSError:
+        pass
+    return measured
 
 
 def pick_device(device: str | None) -> torch.device:

@@ -10,6 +10,12 @@ does. Config names (`oracle:SPEC`, registered here only, for this study):
     oracle:bA-B   exact keys and values in [A, B)
     oracle:mean   each chunk's stored keys shifted by its own exact mean pre-RoPE key drift
     oracle:meanskip   the same, except the chunk that holds the answer (left as stored)
+
+and, blended (the default setting, without the model's context drift) after that shift:
+
+    shifted:k | shifted:kv          every chunk's keys (and values) by its own exact mean drift
+    shifted:kv-answer               ... except the chunk that holds the answer
+    shifted:kv-probe1 | kv-probe2   ... except the one / two chunks the question probe attends to most
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import torch
 
 from ragkv.bench.quality.configs import Blend, Prepared, config_kind, parse_config
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
-from workers.drift import chunk_index, key_drift, shift_keys
+from workers.drift import chunk_index, key_drift, shift_keys, shift_values, value_drift
+from workers.selection import SelectionContext, question_attention
 
 
 @config_kind("oracle")
@@ -57,6 +64,50 @@ class Oracle(Blend):
                     mine.values.copy_(right.values)
         logits, stats = blend_prefill(runner, layout, stored, computed, BlendConfig(), reuse=True)
         return Prepared(logits, stored, stats=stats)
+
+
+@config_kind("shifted")
+@dataclass(frozen=True)
+class ShiftedBlend(Blend):
+    """Blend after each stored chunk is shifted by its own exact mean K (and V) drift (README, "Shift, then blend")."""
+
+    spec: str = "kv"
+
+    @classmethod
+    def parse(cls, name, arg, number, flag):
+        return cls(name, spec=arg or "kv", ratio=number, shift=False)
+
+    def prepare(self, ctx) -> Prepared:
+        runner, layout = ctx.runner, ctx.layout
+        stored, computed = fuse_chunks(runner, layout, ctx.prefix_kv(), self.chunks(ctx))
+        exact, _ = fuse_chunks(runner, layout, ctx.prefix_kv(), ctx.in_context_chunks("fp16"))
+        tokens = torch.cat([torch.arange(start, end) for start, end in layout.chunk_spans])
+        chunk_of, chunks = chunk_index(tokens, layout.chunk_spans), len(layout.chunk_spans)
+        alone = self._left_alone(ctx, stored, computed)
+        for mine, right in zip(stored.layers, exact.layers):
+            positions = mine.positions[tokens]
+            keys = key_drift(right.keys[:, tokens], mine.keys[:, tokens], positions, runner.inv_freq, chunk_of, chunks)
+            values = value_drift(right.values[:, tokens], mine.values[:, tokens], chunk_of, chunks)
+            keys[:, alone], values[:, alone] = 0, 0
+            mine.keys[:, tokens] = shift_keys(mine.keys[:, tokens], keys[:, chunk_of], positions, runner.inv_freq)
+            if self.spec.startswith("kv"):
+                mine.values[:, tokens] = shift_values(mine.values[:, tokens], values[:, chunk_of])
+        logits, stats = blend_prefill(runner, layout, stored, computed, self.blend_config(ctx.default_blend))
+        return Prepared(logits, stored, stats=stats)
+
+    def _left_alone(self, ctx, cache, computed) -> list[int]:
+        """Chunk indices left unshifted: the answer's (an oracle) or the question probe's top ones."""
+        layout = ctx.layout
+        if self.spec.endswith("answer"):
+            return [i for i, chunk in enumerate(ctx.prompt.chunks) if any(a in chunk for a in ctx.prompt.answers)]
+        if "probe" not in self.spec:
+            return []
+        candidates = (~computed).nonzero().flatten()
+        candidates = candidates[candidates >= layout.prefix_len]
+        probe = SelectionContext(ctx.runner, layout, cache, candidates, computed.nonzero().flatten(), 0)
+        attention = question_attention(probe, None)  # writes only the always-computed slots, rewritten by blend
+        mass = torch.stack([attention[start + 4:end].sum() for start, end in layout.chunk_spans])
+        return torch.argsort(mass, descending=True)[: int(self.spec[-1])].tolist()
 
 
 DEFAULT_ORACLES = ("reuse", "oracle:b0-10", "oracle:b10-20", "oracle:b20-30", "oracle:b10-30", "oracle:k0-30",

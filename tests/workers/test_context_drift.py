@@ -103,5 +103,11 @@ def test_context_drift_is_measured_once_stored_and_reused(runner, monkeypatch, t
     fresh = cd.measure(runner, "doc")  # fixed prompts, seeded draws: the same numbers
     torch.testing.assert_close(fresh.keys, measured.keys)
     record = json.loads((tmp_path / "drift-doc.json").read_text())
+    assert (record["fingerprint"], record["form"]) == (runner.fingerprint, "doc")
     (tmp_path / "drift-doc.json").write_text(json.dumps({**record, "fingerprint": "another model"}))
-    assert cd._stored(runner, "doc") is None  # a file measured on another model is not used
+    cd._DRIFTS.clear()
+    monkeypatch.setattr(cd, "measure", lambda runner, form: random_drift(shape.num_layers, shape.num_kv_heads,
+                                                                         shape.head_dim, 1.0))
+    remeasured = cd.context_drift(runner, "doc")  # a file measured on another model is not used
+    assert not torch.equal(remeasured.keys, measured.keys)
+    assert json.loads((tmp_path / "drift-doc.json").read_text())["fingerprint"] == runner.fingerprint

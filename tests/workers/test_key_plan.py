@@ -29,7 +29,7 @@ def test_plan_is_stored_reused_and_within_its_bits(runner):
     widths = parse_plan(plan, (shape.num_layers, shape.num_kv_heads, shape.head_dim))
     assert float(widths.float().mean()) <= KEY_BITS and len(set(widths.flatten().tolist())) > 1
     record = json.loads(plan_path(runner).read_text())
-    assert record["plan"] == plan and record["fingerprint"] == runner.fingerprint
+    assert record["measured"]["plan"] == plan and record["fingerprint"] == runner.fingerprint
     assert key_plan(runner) == plan  # read back, not measured again (same inputs, same plan)
 
 
