@@ -28,8 +28,16 @@ import torch
 
 from ragkv.bench.quality.configs import Blend, Prepared, config_kind, parse_config
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+from workers.cache import KVCache
 from workers.drift import chunk_index, key_drift, shift_keys, shift_values, value_drift
 from workers.selection import SelectionContext, question_attention
+
+
+def stored_and_exact(ctx, chunks) -> tuple[KVCache, torch.Tensor, KVCache]:
+    """The fused cache of `chunks` (-> cache, computed) and the same prompt's exact full-prefill chunk KV, fused."""
+    stored, computed = fuse_chunks(ctx.runner, ctx.layout, ctx.prefix_kv(), chunks)
+    exact, _ = fuse_chunks(ctx.runner, ctx.layout, ctx.prefix_kv(), ctx.in_context_chunks("fp16"))
+    return stored, computed, exact
 
 
 @config_kind("oracle")
@@ -43,8 +51,7 @@ class Oracle(Blend):
 
     def prepare(self, ctx) -> Prepared:
         runner, layout = ctx.runner, ctx.layout
-        stored, computed = fuse_chunks(runner, layout, ctx.prefix_kv(), ctx.stored_chunks("fp16"))
-        exact, _ = fuse_chunks(runner, layout, ctx.prefix_kv(), ctx.in_context_chunks("fp16"))
+        stored, computed, exact = stored_and_exact(ctx, ctx.stored_chunks("fp16"))
         if self.spec.startswith("mean"):
             skip = self.spec == "meanskip"
             tokens = torch.cat([torch.arange(start, end) for index, (start, end) in enumerate(layout.chunk_spans)
@@ -79,8 +86,7 @@ class ShiftedBlend(Blend):
 
     def prepare(self, ctx) -> Prepared:
         runner, layout = ctx.runner, ctx.layout
-        stored, computed = fuse_chunks(runner, layout, ctx.prefix_kv(), self.chunks(ctx))
-        exact, _ = fuse_chunks(runner, layout, ctx.prefix_kv(), ctx.in_context_chunks("fp16"))
+        stored, computed, exact = stored_and_exact(ctx, self.chunks(ctx))
         tokens = torch.cat([torch.arange(start, end) for start, end in layout.chunk_spans])
         chunk_of, chunks = chunk_index(tokens, layout.chunk_spans), len(layout.chunk_spans)
         alone = self._left_alone(ctx, stored, computed)
