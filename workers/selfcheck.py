@@ -15,6 +15,7 @@ import torch
 
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
+from workers.context_drift import context_drift
 from workers.prompt import build_prompt
 from workers.rope import rerotate_keys
 
@@ -60,7 +61,9 @@ def _blend_logits(runner, ratio: float, reuse: bool = False) -> tuple[torch.Tens
     layout = build_prompt(runner.tokenizer, "", chunks, "What did the lighthouse keeper count?")
     prefix = runner.chunk_kv(layout.prefix_ids)
     cache, computed = fuse_chunks(runner, layout, prefix, [runner.chunk_kv(c) for c in chunks])
-    logits, _ = blend_prefill(runner, layout, cache, computed, BlendConfig(recompute_ratio=ratio), reuse=reuse)
+    config = BlendConfig(recompute_ratio=ratio)  # with the model's context drift, as blend runs by default
+    drift = context_drift(runner) if config.context_drift and not reuse else None
+    logits, _ = blend_prefill(runner, layout, cache, computed, config, reuse=reuse, drift=drift)
     full_cache = KVCache.empty(runner.shape.num_layers)
     ids = torch.tensor(layout.token_ids, device=runner.device)
     full = runner.forward(ids, torch.arange(layout.num_tokens, device=runner.device), full_cache)
