@@ -33,7 +33,7 @@ import torch
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
-from workers.context_drift import context_drift
+from workers.context_drift import drift_for
 from workers.generate import SamplingParams, decode
 from workers.key_plan import codec_for_model
 from workers.model import beside_model, write_record
@@ -137,7 +137,7 @@ class _Prepared:
         Greedy decoding, done the cheap way: one teacher-forced pass over full's answer finds the
         first step where this cache's argmax leaves it; only from there on is it decoded token by token."""
         cache, computed = fuse_chunks(runner, self.layout, self.prefix, self.kvs)
-        drift = context_drift(runner, self.chunk_form) if config.context_drift and not reuse else None
+        drift = drift_for(runner, config, self.chunk_form, reuse)
         first, stats = blend_prefill(runner, self.layout, cache, computed, config, reuse=reuse, drift=drift)
         n, full = self.layout.num_tokens, self.full
         rows = _forced_rows(runner, cache, first, full, n)  # row i predicts answer token i
@@ -224,7 +224,6 @@ def choose(scores: dict[str, Score], target: Target) -> tuple[str, bool]:
 
 
 def calibration_path(runner, codec: str) -> Path:
-
     return beside_model(runner, f"ragkv-calibration-{codec}.json", "calibration")
 
 

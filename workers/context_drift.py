@@ -112,6 +112,12 @@ def context_drift(runner, form: str = DEFAULT_CHUNK_FORM) -> ContextDrift:
     return _DRIFTS[key]
 
 
+def drift_for(runner, config, form: str = DEFAULT_CHUNK_FORM, reuse: bool = False) -> ContextDrift | None:
+    """What blend_prefill is given for `config` (a BlendConfig): the model's drift when the config shifts and the
+    run is not plain reuse, else None (nothing read or measured)."""
+    return context_drift(runner, form) if config.context_drift and not reuse else None
+
+
 def _measure_record(runner, form: str) -> dict:
     drift = measure(runner, form)
     return {"keys": drift.keys.tolist(), "values": drift.values.tolist()}

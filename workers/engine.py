@@ -26,7 +26,7 @@ from workers.batching.step import decode_step
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, chunk_fingerprint, compute_chunk
-from workers.context_drift import context_drift
+from workers.context_drift import drift_for
 from workers.errors import Cancelled, InvalidArgument, NotFound, Unavailable
 from workers.eviction.chunks import (check_ingest_spec, chunk_namespace, compact, compress_chunk, compression_json,
                                      spec_from_json)
@@ -103,7 +103,7 @@ class Engine:
         self.prefix_store = BlockStore(backend, PREFIX_CODEC, self.runner.kv_fingerprint)
         self.blend_setting = blend_setting(config, self.runner)  # (config, "calibrated" | "default")
         # the model's context drift (workers/context_drift.py), read or measured now rather than at a request
-        self.drift = context_drift(self.runner, config.chunk_form) if self.blend_setting[0].context_drift else None
+        self.drift = drift_for(self.runner, self.blend_setting[0], config.chunk_form)
         self._prefix_cache: OrderedDict[str, ChunkKV] = OrderedDict()
         self.counters = EngineCounters()
         self.chunk_compute = chunk_compute

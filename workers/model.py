@@ -163,9 +163,10 @@ def write_record(path: Path, record: dict) -> None:
 
 
 def measured_record(path: Path, identity: dict, measure: Callable[[], dict]) -> dict:
-    """A record measured on a model and kept at `path` (JSON): the file's when it holds `identity` (version,
-    fingerprint, ...) and every field `measure` gives, else `measure()`'s, written there. A read-only place
-    keeps nothing: the next process measures again, with the same result (the measurements are deterministic)."""
+    """A record measured on a model and kept at `path` (JSON, `identity` beside it under "measured"): the
+    file's when its identity fields (version, fingerprint, ...) all match, else `measure()`'s, written there. A
+    read-only place keeps nothing: the next process measures again, with the same result (the measurements
+    are deterministic)."""
     try:
         record = json.loads(path.read_text())
         if isinstance(record, dict) and all(record.get(k) == v for k, v in identity.items()) and "measured" in record:

@@ -15,7 +15,7 @@ import torch
 
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
-from workers.context_drift import context_drift
+from workers.context_drift import drift_for
 from workers.prompt import build_prompt
 from workers.rope import rerotate_keys
 
@@ -62,7 +62,7 @@ def _blend_logits(runner, ratio: float, reuse: bool = False) -> tuple[torch.Tens
     prefix = runner.chunk_kv(layout.prefix_ids)
     cache, computed = fuse_chunks(runner, layout, prefix, [runner.chunk_kv(c) for c in chunks])
     config = BlendConfig(recompute_ratio=ratio)  # with the model's context drift, as blend runs by default
-    drift = context_drift(runner) if config.context_drift and not reuse else None
+    drift = drift_for(runner, config, reuse=reuse)
     logits, _ = blend_prefill(runner, layout, cache, computed, config, reuse=reuse, drift=drift)
     full_cache = KVCache.empty(runner.shape.num_layers)
     ids = torch.tensor(layout.token_ids, device=runner.device)

@@ -71,7 +71,7 @@ def test_calibration_is_deterministic_and_its_stored_result_is_reused(runner, tm
 def test_fast_greedy_path_gives_the_tokens_of_plain_decoding(runner):
     from kvstore.store import BlockStore
     from workers.blend import blend_prefill, fuse_chunks
-    from workers.context_drift import context_drift
+    from workers.context_drift import drift_for
     from workers.generate import SamplingParams, decode
 
     store = BlockStore(None, "int4", runner.fingerprint)
@@ -81,7 +81,7 @@ def test_fast_greedy_path_gives_the_tokens_of_plain_decoding(runner):
                           (BlendConfig(recompute_ratio=1.0), False)):
         tokens = prepared.run(runner, config, reuse=reuse).tokens
         cache, computed = fuse_chunks(runner, prepared.layout, prepared.prefix, prepared.kvs)
-        drift = context_drift(runner) if config.context_drift and not reuse else None
+        drift = drift_for(runner, config, reuse=reuse)
         logits, _ = blend_prefill(runner, prepared.layout, cache, computed, config, reuse=reuse, drift=drift)
         plain = list(decode(runner, cache, logits, prepared.layout.num_tokens, SamplingParams(max_new_tokens=8)))
         assert tokens == plain

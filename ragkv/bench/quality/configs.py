@@ -27,7 +27,7 @@ from typing import Callable, ClassVar
 
 from kvstore.registry import add_unique
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
-from workers.context_drift import context_drift
+from workers.context_drift import drift_for
 from workers.generate import DecodeHooks
 
 CONFIG_KINDS: dict[str, type["ConfigKind"]] = {}
@@ -136,7 +136,7 @@ class Blend(ConfigKind):
     def prepare(self, ctx) -> Prepared:
         cache, computed = fuse_chunks(ctx.runner, ctx.layout, ctx.prefix_kv(), self.chunks(ctx))
         config = self.blend_config(ctx.default_blend)
-        drift = context_drift(ctx.runner, self.form or ctx.chunk_form) if config.context_drift and not self.reuse else None
+        drift = drift_for(ctx.runner, config, self.form or ctx.chunk_form, self.reuse)
         logits, stats = blend_prefill(ctx.runner, ctx.layout, cache, computed, config, reuse=self.reuse, drift=drift)
         return Prepared(logits, cache, stats=stats)
 
