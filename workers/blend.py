@@ -54,7 +54,7 @@ class BlendConfig:
     key_scale: float = 1.0  # attention temperature on reused chunk keys (APE-style); 1 = off
     drift: bool = False  # shift the stored K/V that are not recomputed by the recomputed ones' drift (drift.py)
     # shift every stored chunk entry by the model's measured mean context drift before choosing
-    # (workers/context_drift.py); whole chunks only
+    # (workers/context_drift.py); over chunks compressed at ingest too (their kept entries)
     context_drift: bool = True
 
     def __post_init__(self) -> None:
@@ -64,12 +64,12 @@ class BlendConfig:
 
     def for_prompt(self, compressed: bool) -> "BlendConfig":
         """The setting that runs over a prompt (`compressed`: it holds a chunk compressed at ingest)."""
-        if not compressed or (self.compressed_method in (None, self.method) and not self.context_drift
+        if not compressed or (self.compressed_method in (None, self.method)
                               and self.compressed_check_layer in (None, self.check_layer)):
             return self
         layer = self.check_layer if self.compressed_check_layer is None else self.compressed_check_layer
         return replace(self, method=self.compressed_method or self.method, check_layer=layer,
-                       compressed_method=None, compressed_check_layer=None, context_drift=False)
+                       compressed_method=None, compressed_check_layer=None)
 
     def named(self, method: str) -> "BlendConfig":
         """`method` over every kind of chunk (a setting asked for by name: `blend:METHOD@RATIO`)."""

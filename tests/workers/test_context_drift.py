@@ -84,7 +84,26 @@ def test_blend_with_context_drift_keeps_ratio_one_and_ratio_zero(runner):
     plain, plain_stats = _blend(runner, layout, prefix, chunks, BlendConfig(context_drift=False), drift)
     assert stats["context_drift"] and not plain_stats["context_drift"]
     assert not torch.allclose(shifted, plain, atol=1e-3)
-    assert not BlendConfig(context_drift=True).for_prompt(compressed=True).context_drift  # whole chunks only
+
+
+def test_chunks_compressed_at_ingest_are_shifted_too(runner):
+    """Over chunks compressed at ingest the drift is added to their kept entries: blend's logits move, while at
+    ratio 0 nothing is shifted (plain reuse over the same chunks)."""
+    from workers.eviction.chunks import compress_chunk
+    from workers.requests import CompressionSpec
+
+    layout, prefix, chunks = _prompt(runner)
+    small = [compress_chunk(runner, kv, CompressionSpec(policy="kvzip", budget=0.5))[0] for kv in chunks]
+    shape = runner.shape
+    drift = random_drift(shape.num_layers, shape.num_kv_heads, shape.head_dim, 0.5)
+    shifted, stats = _blend(runner, layout, prefix, small, BlendConfig(context_drift=True), drift)
+    plain, plain_stats = _blend(runner, layout, prefix, small, BlendConfig(context_drift=False), drift)
+    assert stats["context_drift"] and not plain_stats["context_drift"]
+    assert stats["blend_method"] == BlendConfig().compressed_method
+    assert not torch.allclose(shifted, plain, atol=1e-3)
+    reused, _ = _blend(runner, layout, prefix, small, BlendConfig(), reuse=True)
+    at_zero, stats = _blend(runner, layout, prefix, small, BlendConfig(recompute_ratio=0.0), drift)
+    assert not stats["context_drift"] and torch.allclose(at_zero, reused, atol=1e-4)
 
 
 def test_context_drift_is_measured_once_stored_and_reused(runner, monkeypatch, tmp_path):
