@@ -84,3 +84,22 @@ def test_compare_command_prints_the_table_and_rejects_bad_input(tmp_path, capsys
         with pytest.raises(SystemExit) as error:
             quality_main(["compare", str(bad)])
         assert error.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_ratio_plot_draws_one_line_per_blend_method(tmp_path, monkeypatch):
+    """`blend@R` (the engine's setting) and `blend:METHOD@R` configs each get their own accuracy-vs-ratio line."""
+    import matplotlib.axes
+
+    from ragkv.bench.quality.report import write_plots
+
+    names = ["full", "reuse", "blend@0.15", "blend:gradual@0.15", "blend:gradual@0.5", "blend:legolink@0.15"]
+    accuracy = {name: 0.5 for name in names}
+    result = {"configs": names, "split": "dev", "codec": "wk4v3", "families": {},
+              "overall": {"accuracy": accuracy}}
+    drawn = []
+    original = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda ax, xs, ys, *a, **k: drawn.append((k.get("label"), list(xs))) or original(ax, xs, ys, *a, **k))
+    paths = write_plots(result, str(tmp_path))
+    assert [p.split("/")[-1] for p in paths] == ["accuracy_vs_ratio.png"]
+    assert sorted(drawn) == [("blend", [0.15]), ("gradual", [0.15, 0.5]), ("legolink", [0.15])]

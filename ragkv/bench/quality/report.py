@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ragkv.bench.quality.paired import family_changes, has_outcomes, table
 
-RATIO_RE = re.compile(r"^blend@([0-9.]+)$")
+RATIO_RE = re.compile(r"^blend(?::([a-z-]+))?@([0-9.]+)$")  # blend@R, blend:METHOD@R (one line per method)
 POLICY_RE = re.compile(r"^policy:([a-z0-9_]+)@([0-9.]+)$")
 CODEC_RE = re.compile(r"^codec:([a-z0-9_]+)$")
 
@@ -75,8 +75,10 @@ def _series(result: dict, pattern: re.Pattern) -> list[tuple[tuple, str]]:
 def _ratio_plot(result: dict, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
-    points = sorted((float(g[0]), name) for g, name in _series(result, RATIO_RE))
-    if not points:
+    lines: dict[str, list[tuple[float, str]]] = {}  # method ("blend": the engine's setting) -> [(ratio, config)]
+    for (method, ratio), name in _series(result, RATIO_RE):
+        lines.setdefault(method or "blend", []).append((float(ratio), name))
+    if not lines:
         return None
     groups = {"mean": result["overall"], **result["families"]}
     cols = 4
@@ -84,7 +86,9 @@ def _ratio_plot(result: dict, out: Path) -> Path | None:
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
     for ax, (family, data) in zip(axes.flat, groups.items()):
         acc = data["accuracy"]
-        ax.plot([r for r, _ in points], [acc[n] for _, n in points], "o-", label="blend")
+        for method, points in sorted(lines.items()):
+            points.sort()
+            ax.plot([r for r, _ in points], [acc[n] for _, n in points], "o-", label=method)
         if "reuse" in acc:
             ax.axhline(acc["reuse"], color="tab:orange", linestyle="--", label="reuse")
         ax.axhline(acc["full"], color="tab:green", linestyle=":", label="full")
