@@ -40,6 +40,28 @@ def stored_and_exact(ctx, chunks) -> tuple[KVCache, torch.Tensor, KVCache]:
     return stored, computed, exact
 
 
+def answer_chunks(ctx) -> list[int]:
+    """Indices of the prompt's chunks that hold an expected answer."""
+    return [i for i, chunk in enumerate(ctx.prompt.chunks) if any(a in chunk for a in ctx.prompt.answers)]
+
+
+def shift_by_exact_drift(runner, layout, stored: KVCache, exact: KVCache, alone: list[int], values: bool) -> None:
+    """Shift each stored chunk's keys (and values) by its own exact mean drift against `exact`, in place;
+    the chunks in `alone` stay as stored."""
+    tokens = torch.cat([torch.arange(start, end) for start, end in layout.chunk_spans])
+    chunk_of, chunks = chunk_index(tokens, layout.chunk_spans), len(layout.chunk_spans)
+    for mine, right in zip(stored.layers, exact.layers):
+        positions = mine.positions[tokens]
+        keys = key_drift(right.keys[:, tokens], mine.keys[:, tokens], positions, runner.inv_freq,
+                         chunk_of, chunks)  # [Hkv, C, D]: each chunk's own exact mean
+        keys[:, alone] = 0
+        mine.keys[:, tokens] = shift_keys(mine.keys[:, tokens], keys[:, chunk_of], positions, runner.inv_freq)
+        if values:
+            drift = value_drift(right.values[:, tokens], mine.values[:, tokens], chunk_of, chunks)
+            drift[:, alone] = 0
+            mine.values[:, tokens] = shift_values(mine.values[:, tokens], drift[:, chunk_of])
+
+
 @config_kind("oracle")
 @dataclass(frozen=True)
 class Oracle(Blend):
@@ -53,15 +75,8 @@ class Oracle(Blend):
         runner, layout = ctx.runner, ctx.layout
         stored, computed, exact = stored_and_exact(ctx, ctx.stored_chunks("fp16"))
         if self.spec.startswith("mean"):
-            skip = self.spec == "meanskip"
-            tokens = torch.cat([torch.arange(start, end) for index, (start, end) in enumerate(layout.chunk_spans)
-                                if not (skip and any(a in ctx.prompt.chunks[index] for a in ctx.prompt.answers))])
-            chunk_of, chunks = chunk_index(tokens, layout.chunk_spans), len(layout.chunk_spans)
-            for mine, right in zip(stored.layers, exact.layers):
-                positions = mine.positions[tokens]
-                drift = key_drift(right.keys[:, tokens], mine.keys[:, tokens], positions, runner.inv_freq,
-                                  chunk_of, chunks)  # [Hkv, C, D]: each chunk's own exact mean
-                mine.keys[:, tokens] = shift_keys(mine.keys[:, tokens], drift[:, chunk_of], positions, runner.inv_freq)
+            alone = answer_chunks(ctx) if self.spec == "meanskip" else []
+            shift_by_exact_drift(runner, layout, stored, exact, alone, values=False)
         else:
             part, (low, high) = self.spec[0], map(int, self.spec[1:].split("-"))
             for mine, right in list(zip(stored.layers, exact.layers))[low:high]:
@@ -87,17 +102,8 @@ class ShiftedBlend(Blend):
     def prepare(self, ctx) -> Prepared:
         runner, layout = ctx.runner, ctx.layout
         stored, computed, exact = stored_and_exact(ctx, self.chunks(ctx))
-        tokens = torch.cat([torch.arange(start, end) for start, end in layout.chunk_spans])
-        chunk_of, chunks = chunk_index(tokens, layout.chunk_spans), len(layout.chunk_spans)
         alone = self._left_alone(ctx, stored, computed)
-        for mine, right in zip(stored.layers, exact.layers):
-            positions = mine.positions[tokens]
-            keys = key_drift(right.keys[:, tokens], mine.keys[:, tokens], positions, runner.inv_freq, chunk_of, chunks)
-            values = value_drift(right.values[:, tokens], mine.values[:, tokens], chunk_of, chunks)
-            keys[:, alone], values[:, alone] = 0, 0
-            mine.keys[:, tokens] = shift_keys(mine.keys[:, tokens], keys[:, chunk_of], positions, runner.inv_freq)
-            if self.spec.startswith("kv"):
-                mine.values[:, tokens] = shift_values(mine.values[:, tokens], values[:, chunk_of])
+        shift_by_exact_drift(runner, layout, stored, exact, alone, values=self.spec.startswith("kv"))
         logits, stats = blend_prefill(runner, layout, stored, computed, self.blend_config(ctx.default_blend))
         return Prepared(logits, stored, stats=stats)
 
@@ -105,7 +111,7 @@ class ShiftedBlend(Blend):
         """Chunk indices left unshifted: the answer's (an oracle) or the question probe's top ones."""
         layout = ctx.layout
         if self.spec.endswith("answer"):
-            return [i for i, chunk in enumerate(ctx.prompt.chunks) if any(a in chunk for a in ctx.prompt.answers)]
+            return answer_chunks(ctx)
         if "probe" not in self.spec:
             return []
         candidates = (~computed).nonzero().flatten()
