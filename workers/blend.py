@@ -44,6 +44,11 @@ class BlendConfig:
     # names in workers.selection.SELECTIONS. `gradual` answers better over whole chunks and `deviation`
     # over chunks compressed at ingest (README, "Selection methods"), so the default is one per chunk kind:
     method: str = "gradual"
+    # over a prompt holding a chunk compressed at ingest: nothing recomputed by default, the stored entries only
+    # shifted by the context drift (dev 0.542 vs 0.479 with deviation@0.15: a token recomputed there attends
+    # over compressed chunks, and its fresh K/V are worse than the stored ones; README "Chunks compressed at
+    # ingest"). None: recompute_ratio, with the method and check layer below
+    compressed_ratio: float | None = 0.0
     compressed_method: str | None = "deviation"  # over a prompt holding a chunk compressed at ingest; None: method
     compressed_check_layer: int | None = 1  # its check layer there (layer 2: 0.09 vs 0.385 on dev); None: check_layer
     sink_tokens: int | None = None  # legolink: first k of every chunk (None = the ratio share); hybrids: 4
@@ -58,6 +63,8 @@ class BlendConfig:
     context_drift: bool = True
 
     def __post_init__(self) -> None:
+        if self.compressed_ratio is not None and not 0.0 <= self.compressed_ratio <= 1.0:
+            raise ValueError(f"compressed_ratio must be in [0, 1] or None, got {self.compressed_ratio!r}")
         for name in (self.method, self.compressed_method):
             if name is not None and name not in SELECTIONS:
                 raise ValueError(f"unknown blend method {name!r}; expected one of {', '.join(SELECTIONS)}")
@@ -65,15 +72,23 @@ class BlendConfig:
     def for_prompt(self, compressed: bool) -> "BlendConfig":
         """The setting that runs over a prompt (`compressed`: it holds a chunk compressed at ingest)."""
         if not compressed or (self.compressed_method in (None, self.method)
-                              and self.compressed_check_layer in (None, self.check_layer)):
+                              and self.compressed_check_layer in (None, self.check_layer)
+                              and self.compressed_ratio in (None, self.recompute_ratio)):
             return self
         layer = self.check_layer if self.compressed_check_layer is None else self.compressed_check_layer
+        ratio = self.recompute_ratio if self.compressed_ratio is None else self.compressed_ratio
         return replace(self, method=self.compressed_method or self.method, check_layer=layer,
-                       compressed_method=None, compressed_check_layer=None)
+                       recompute_ratio=ratio, compressed_method=None, compressed_check_layer=None,
+                       compressed_ratio=None)
 
     def named(self, method: str) -> "BlendConfig":
         """`method` over every kind of chunk (a setting asked for by name: `blend:METHOD@RATIO`)."""
-        return replace(self, method=method, compressed_method=None, compressed_check_layer=None)
+        return replace(self, method=method, compressed_method=None, compressed_check_layer=None,
+                       compressed_ratio=None)
+
+    def with_ratio(self, ratio: float) -> "BlendConfig":
+        """`ratio` over every kind of chunk (a request's own ratio), each kind keeping its method."""
+        return replace(self, recompute_ratio=ratio, compressed_ratio=None)
 
     @property
     def name(self) -> str:
@@ -149,13 +164,15 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
 
     `computed` marks tokens without stored KV (they always run). `reuse=True` is plain
     reuse: only those tokens run and nothing stored is overwritten (blend at ratio 0
-    must agree with it, which `ragkv check` verifies). `drift`: the model's context drift
+    must agree with it over whole chunks, which `ragkv check` verifies). `drift`: the model's context drift
     (workers/context_drift.py), added to every stored chunk entry first when the config asks for it
-    and something is recomputed.
+    and something is recomputed; over chunks compressed at ingest whenever blend runs, since nothing is
+    recomputed there by default (`BlendConfig.compressed_ratio`).
     """
     if not 0 <= config.check_layer < runner.shape.num_layers:
         raise ValueError(f"check_layer must be in [0, {runner.shape.num_layers}), got {config.check_layer}")
-    config = config.for_prompt(compressed=cache.layers[0].head_mask is not None)  # fuse_chunks masks those
+    compressed = cache.layers[0].head_mask is not None  # fuse_chunks masks the entries those chunks dropped
+    config = config.for_prompt(compressed)
     method = Selection() if reuse else make_selection(config)
     device = runner.device
     ids = torch.tensor(layout.token_ids, device=device)
@@ -166,7 +183,8 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
         for kv in cache.layers:
             kv.keys[:, chunk_tokens] *= config.key_scale
     budget = 0 if reuse else int(round(config.recompute_ratio * chunk_tokens.numel()))
-    shifted = bool(config.context_drift and drift is not None and budget > 0)
+    # whole chunks: only when something is recomputed (ratio 0 stays plain reuse); compressed ones: whenever blend runs
+    shifted = bool(config.context_drift and drift is not None and not reuse and (budget > 0 or compressed))
     if shifted:
         shift_chunks(cache, chunk_range(layout), drift, runner.inv_freq)
     ctx = SelectionContext(runner, layout, cache, chunk_tokens, computed.nonzero().flatten(), budget)

@@ -347,7 +347,7 @@ class Engine:
         """CacheBlend's selective recompute over the fused cache (reuse: the question only) -> logits."""
         config, setting = self.blend_setting
         if request.recompute_ratio is not None:
-            config, setting = replace(config, recompute_ratio=request.recompute_ratio), "request"
+            config, setting = config.with_ratio(request.recompute_ratio), "request"
         logits, blend_stats = blend_prefill(self.runner, layout, cache, computed, config, observer=observer,
                                             reuse=reuse, drift=self.drift)
         stats.update(blend_stats, blend_setting=setting)  # blend_config: what ran (per chunk kind)

@@ -91,6 +91,12 @@ def test_the_default_setting_runs_one_method_per_chunk_kind(runner):
     assert default.for_prompt(compressed=False) == default
     assert default.for_prompt(compressed=True).method == default.compressed_method
     assert (default.check_layer, default.for_prompt(compressed=True).check_layer) == (2, 1)  # each as chosen
+    assert default.for_prompt(compressed=True).recompute_ratio == default.compressed_ratio == 0.0  # the drift only
+    asked = default.with_ratio(0.3)  # a request's own ratio: over both kinds, each with its method
+    assert asked.for_prompt(compressed=True).recompute_ratio == asked.for_prompt(compressed=False).recompute_ratio == 0.3
+    assert asked.for_prompt(compressed=True).method == default.compressed_method
+    with pytest.raises(ValueError, match="compressed_ratio"):
+        BlendConfig(compressed_ratio=1.5)
     named = default.named("legolink")
     assert named.for_prompt(compressed=False) == named
     # over compressed chunks the method is the same, and the context drift stays on

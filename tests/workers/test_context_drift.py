@@ -86,9 +86,10 @@ def test_blend_with_context_drift_keeps_ratio_one_and_ratio_zero(runner):
     assert not torch.allclose(shifted, plain, atol=1e-3)
 
 
-def test_chunks_compressed_at_ingest_are_shifted_too(runner):
-    """Over chunks compressed at ingest the drift is added to their kept entries: blend's logits move, while at
-    ratio 0 nothing is shifted (plain reuse over the same chunks)."""
+def test_chunks_compressed_at_ingest_are_shifted_and_reused(runner):
+    """Over chunks compressed at ingest the default recomputes nothing and adds the drift to their kept entries:
+    its logits are plain reuse over a cache shifted by hand. Reuse itself is not shifted, and a request's own
+    ratio recomputes there with the compressed-chunk method."""
     from workers.eviction.chunks import compress_chunk
     from workers.requests import CompressionSpec
 
@@ -96,14 +97,19 @@ def test_chunks_compressed_at_ingest_are_shifted_too(runner):
     small = [compress_chunk(runner, kv, CompressionSpec(policy="kvzip", budget=0.5))[0] for kv in chunks]
     shape = runner.shape
     drift = random_drift(shape.num_layers, shape.num_kv_heads, shape.head_dim, 0.5)
-    shifted, stats = _blend(runner, layout, prefix, small, BlendConfig(context_drift=True), drift)
+    shifted, stats = _blend(runner, layout, prefix, small, BlendConfig(), drift)
+    assert stats["context_drift"] and stats["recomputed_tokens"] == 0 and stats["recompute_ratio"] == 0.0
+    cache, computed = fuse_chunks(runner, layout, prefix, small)
+    cd.shift_chunks(cache, cd.chunk_range(layout), drift, runner.inv_freq)
+    by_hand, _ = blend_prefill(runner, layout, cache, computed, BlendConfig(), reuse=True)
+    assert torch.allclose(shifted, by_hand, atol=1e-4)
     plain, plain_stats = _blend(runner, layout, prefix, small, BlendConfig(context_drift=False), drift)
-    assert stats["context_drift"] and not plain_stats["context_drift"]
-    assert stats["blend_method"] == BlendConfig().compressed_method
-    assert not torch.allclose(shifted, plain, atol=1e-3)
-    reused, _ = _blend(runner, layout, prefix, small, BlendConfig(), reuse=True)
-    at_zero, stats = _blend(runner, layout, prefix, small, BlendConfig(recompute_ratio=0.0), drift)
-    assert not stats["context_drift"] and torch.allclose(at_zero, reused, atol=1e-4)
+    reused, reuse_stats = _blend(runner, layout, prefix, small, BlendConfig(), drift, reuse=True)
+    assert not plain_stats["context_drift"] and not reuse_stats["context_drift"]
+    assert torch.allclose(plain, reused, atol=1e-4) and not torch.allclose(shifted, plain, atol=1e-3)
+    _, asked = _blend(runner, layout, prefix, small, BlendConfig().with_ratio(0.3), drift)
+    assert asked["recomputed_tokens"] > 0 and asked["context_drift"]
+    assert asked["blend_method"] == BlendConfig().compressed_method
 
 
 def test_context_drift_is_measured_once_stored_and_reused(runner, monkeypatch, tmp_path):

@@ -121,7 +121,7 @@ class Blend(ConfigKind):
         """`default` (the engine's setting: calibrated, else its config) with this config's method / ratio."""
         config = default or BlendConfig()
         if self.ratio is not None:
-            config = replace(config, recompute_ratio=self.ratio)
+            config = config.with_ratio(self.ratio)
         if self.method is not None:
             config = config.named(self.method)
         if self.drift is not None:
