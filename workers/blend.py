@@ -49,7 +49,7 @@ class BlendConfig:
     # over compressed chunks, and its fresh K/V are worse than the stored ones; README "Chunks compressed at
     # ingest"). None: recompute_ratio, with the method and check layer below
     compressed_ratio: float | None = 0.0
-    compressed_method: str | None = "deviation"  # over a prompt holding a chunk compressed at ingest; None: method
+    compressed_method: str | None = "deviation"  # there, when a ratio is asked for (with_ratio); None: method
     compressed_check_layer: int | None = 1  # its check layer there (layer 2: 0.09 vs 0.385 on dev); None: check_layer
     sink_tokens: int | None = None  # legolink: first k of every chunk (None = the ratio share); hybrids: 4
     gradual_widen: float = 3.0  # gradual: the first check layer keeps this many times the budget
