@@ -71,9 +71,7 @@ class BlendConfig:
 
     def for_prompt(self, compressed: bool) -> "BlendConfig":
         """The setting that runs over a prompt (`compressed`: it holds a chunk compressed at ingest)."""
-        if not compressed or (self.compressed_method in (None, self.method)
-                              and self.compressed_check_layer in (None, self.check_layer)
-                              and self.compressed_ratio in (None, self.recompute_ratio)):
+        if not compressed:
             return self
         layer = self.check_layer if self.compressed_check_layer is None else self.compressed_check_layer
         ratio = self.recompute_ratio if self.compressed_ratio is None else self.compressed_ratio

@@ -80,14 +80,14 @@ def _ratio_plot(result: dict, out: Path) -> Path | None:
         lines.setdefault(method or "blend", []).append((float(ratio), name))
     if not lines:
         return None
+    lines = {method: sorted(points) for method, points in sorted(lines.items())}
     groups = {"mean": result["overall"], **result["families"]}
     cols = 4
     rows = (len(groups) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
     for ax, (family, data) in zip(axes.flat, groups.items()):
         acc = data["accuracy"]
-        for method, points in sorted(lines.items()):
-            points.sort()
+        for method, points in lines.items():
             ax.plot([r for r, _ in points], [acc[n] for _, n in points], "o-", label=method)
         if "reuse" in acc:
             ax.axhline(acc["reuse"], color="tab:orange", linestyle="--", label="reuse")
