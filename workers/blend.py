@@ -157,7 +157,8 @@ class DriftRepair:
 
 @torch.inference_mode()
 def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.Tensor, config: BlendConfig,
-                  observer=None, reuse: bool = False, drift: ContextDrift | None = None) -> tuple[torch.Tensor, dict]:
+                  observer=None, reuse: bool = False, drift: ContextDrift | None = None,
+                  shift: bool | None = None) -> tuple[torch.Tensor, dict]:
     """Run the selective recompute over a fused cache; returns (logits of the last token [1, vocab], stats).
 
     `computed` marks tokens without stored KV (they always run). `reuse=True` is plain
@@ -165,7 +166,8 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
     must agree with it over whole chunks, which `ragkv check` verifies). `drift`: the model's context drift
     (workers/context_drift.py), added to every stored chunk entry first when the config asks for it
     and something is recomputed; over chunks compressed at ingest whenever blend runs, since nothing is
-    recomputed there by default (`BlendConfig.compressed_ratio`).
+    recomputed there by default (`BlendConfig.compressed_ratio`). `shift` overrides that rule: True shifts
+    whenever a drift is given (the `shift` mode: reuse=True, the drift alone), False never does.
     """
     if not 0 <= config.check_layer < runner.shape.num_layers:
         raise ValueError(f"check_layer must be in [0, {runner.shape.num_layers}), got {config.check_layer}")
@@ -182,7 +184,9 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
             kv.keys[:, chunk_tokens] *= config.key_scale
     budget = 0 if reuse else int(round(config.recompute_ratio * chunk_tokens.numel()))
     # whole chunks: only when something is recomputed (ratio 0 stays plain reuse); compressed ones: whenever blend runs
-    shifted = bool(config.context_drift and drift is not None and not reuse and (budget > 0 or compressed))
+    if shift is None:
+        shift = config.context_drift and not reuse and (budget > 0 or compressed)
+    shifted = bool(shift and drift is not None)
     if shifted:
         shift_chunks(cache, chunk_range(layout), drift, runner.inv_freq)
     ctx = SelectionContext(runner, layout, cache, chunk_tokens, computed.nonzero().flatten(), budget)
@@ -203,7 +207,7 @@ def blend_prefill(runner, layout: PromptLayout, cache: KVCache, computed: torch.
     logits = runner.logits(hidden[-1:])
     stats = {"recomputed_tokens": int(torch.isin(active, chunk_tokens).sum()),
              "always_computed_tokens": int(ctx.always.numel()),
-             "check_layer": config.check_layer, "blend_method": "reuse" if reuse else config.method,
+             "check_layer": config.check_layer, "blend_method": ("shift" if shifted else "reuse") if reuse else config.method,
              "blend_config": config.name,
              "key_drift": bool(config.drift and not reuse),
              "context_drift": shifted,

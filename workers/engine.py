@@ -1,4 +1,4 @@
-"""Engine: ingest chunks and answer requests in the four modes, over a block store and a model runner.
+"""Engine: ingest chunks and answer requests in every prefill mode (workers/modes.py), over a block store and a model runner.
 
 It only orchestrates; the math lives in blend.py, rope.py, eviction/ and the runner.
 """
@@ -102,8 +102,9 @@ class Engine:
         # same backend, own codec: the codec is part of the address, so the two never collide
         self.prefix_store = BlockStore(backend, PREFIX_CODEC, self.runner.kv_fingerprint)
         self.blend_setting = blend_setting(config, self.runner)  # (config, "calibrated" | "default")
-        # the model's context drift (workers/context_drift.py), read or measured now rather than at a request
-        self.drift = drift_for(self.runner, self.blend_setting[0], config.chunk_form)
+        # the model's context drift (workers/context_drift.py), read or measured now rather than at a request:
+        # the `shift` mode needs it whatever the blend setting says (blend_prefill applies the setting's rule)
+        self.drift = drift_for(self.runner, self.blend_setting[0], config.chunk_form, shift=True)
         self._prefix_cache: OrderedDict[str, ChunkKV] = OrderedDict()
         self.counters = EngineCounters()
         self.chunk_compute = chunk_compute
@@ -318,7 +319,8 @@ class Engine:
         ctx = PrefillContext(
             self.runner, layout, observer, stats, prefix_kv=lambda: self._prefix_kv(layout),
             stored_chunks=lambda prefix: self._stored_chunks(request, layout, prefix, compressions, stats, should_stop),
-            blend=lambda cache, computed, reuse: self._blend(request, layout, cache, computed, reuse, observer, stats))
+            blend=lambda cache, computed, reuse, shift: self._blend(request, layout, cache, computed, reuse, shift,
+                                                                    observer, stats))
         logits = PREFILL_MODES[request.mode](ctx)
         if stats.get("compressed_chunks"):
             compact(ctx.cache)  # the compressed chunks' dropped entries leave the cache
@@ -343,13 +345,14 @@ class Engine:
         return fuse_chunks(self.runner, layout, prefix, chunks)
 
     def _blend(self, request: GenerateRequest, layout: PromptLayout, cache: KVCache, computed: torch.Tensor,
-               reuse: bool, observer, stats: dict) -> torch.Tensor:
-        """CacheBlend's selective recompute over the fused cache (reuse: the question only) -> logits."""
+               reuse: bool, shift: bool | None, observer, stats: dict) -> torch.Tensor:
+        """CacheBlend's selective recompute over the fused cache (reuse: the question only; shift: see
+        blend_prefill) -> logits."""
         config, setting = self.blend_setting
         if request.recompute_ratio is not None:
             config, setting = config.with_ratio(request.recompute_ratio), "request"
         logits, blend_stats = blend_prefill(self.runner, layout, cache, computed, config, observer=observer,
-                                            reuse=reuse, drift=self.drift)
+                                            reuse=reuse, drift=self.drift, shift=shift)
         stats.update(blend_stats, blend_setting=setting)  # blend_config: what ran (per chunk kind)
         return logits
 

@@ -20,8 +20,8 @@ from kvstore.rope import RE_ROTATABLE_ROPE_TYPES, RopeTable, apply_rope
 from workers.attention import attend
 from workers.cache import KVCache, LayerKV
 from workers.model import DEFAULT_MODEL, LoadedModel, load_model
-from workers.projections import (EXACT_PREFILL_KERNEL, PREFILL_KERNELS, Projections, check_prefill_kernel,
-                                kernel_fingerprint)
+from workers.projections import (EXACT_PREFILL_KERNEL, PREFILL_KERNELS, Projections, kernel_fingerprint,
+                                resolve_prefill_kernel)
 
 
 class AttentionObserver(Protocol):
@@ -77,10 +77,12 @@ class ModelRunner:
         self._with_kernel: dict[str, "ModelRunner"] = {self.kernel: self}
 
     def with_kernel(self, kernel: str) -> "ModelRunner":
-        """This runner with another prefill kernel: the same model and weights (built once per kernel)."""
+        """This runner with another prefill kernel: the same model and weights (built once per kernel).
+        `auto` is resolved for this runner's device (workers/projections.py)."""
+        kernel = resolve_prefill_kernel(kernel, self.device)
         if kernel not in self._with_kernel:
             sibling = copy.copy(self)
-            sibling.kernel = check_prefill_kernel(kernel)
+            sibling.kernel = kernel
             sibling.projections = PREFILL_KERNELS[kernel](self.layers)
             self._with_kernel[kernel] = sibling  # the dict is shared: any sibling finds the others
         return self._with_kernel[kernel]

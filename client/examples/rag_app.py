@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="127.0.0.1:50051")
     p.add_argument("--token")
     p.add_argument("-k", type=int, default=3, help="chunks per question")
-    p.add_argument("--mode", default="blend", choices=("full", "prefix", "reuse", "blend"))
+    p.add_argument("--mode", default="blend", choices=("full", "prefix", "reuse", "shift", "blend"))
     p.add_argument("--max-new-tokens", type=int, default=64)
     args = p.parse_args(argv)
 

@@ -1,6 +1,6 @@
-"""`ragkv bench blend`: TTFT, accuracy and agreement of the four modes on a synthetic RAG set.
+"""`ragkv bench blend`: TTFT, accuracy and agreement of every prefill mode on a synthetic RAG set.
 
-All chunks are ingested first (cached), then every query runs in all four modes
+All chunks are ingested first (cached), then every query runs in every mode (workers/modes.py)
 back to back, so the modes are compared side by side under the same machine load.
 """
 
@@ -185,7 +185,7 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
         finally:
             engine.close()
     main = next((r for r in runs if r["chunks"] == 8), runs[0])
-    return {**main, "codec": codec, "prefill_kernel": prefill_kernel, "recompute_ratio": setting.recompute_ratio,
+    return {**main, "codec": codec, "prefill_kernel": engine.runner.kernel, "recompute_ratio": setting.recompute_ratio,
             "blend_setting": {"config": setting.name, "source": source}, "max_new_tokens": 24,
             "agreement_definition": "same extracted answer as full (first 5-digit code, else first line)",
             "runs": runs}

@@ -9,7 +9,7 @@ import sys
 
 from ragkv.bench.quality.presets import PRESETS  # names only: no torch
 from ragkv.commands.errors import checked_by
-from workers.projections import PREFILL_KERNELS
+from workers.projections import prefill_kernel_names
 
 SUITES = ("codecs", "store", "blend", "eviction", "quality", "serve", "lora", "precompute", "load", "codec-study")
 
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="blend: extra blend settings measured side by side (e.g. legolink@0.15)")
     parser.add_argument("--codec", help="blend, quality: codec of the stored chunks (default: the engine's)")
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
-    parser.add_argument("--prefill-kernel", choices=list(PREFILL_KERNELS),
+    parser.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
                         help="blend, quality: the prefill projections (default: the engine's)")
     parser.add_argument("--max-batch", type=_positive, help="serve: the batched server's --max-batch (default 16)")
     quality = parser.add_argument_group("quality")

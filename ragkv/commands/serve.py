@@ -9,7 +9,7 @@ from kvstore.codecs import CODECS
 from ragkv.commands.errors import flag_error
 from ragkv.config import BATCH_FIELDS, ENGINE_FIELDS, MiB, ServeConfig
 from workers.batching.linear import DECODE_KERNELS
-from workers.projections import PREFILL_KERNELS
+from workers.projections import prefill_kernel_names
 from workers.chunk_forms import CHUNK_FORMS
 
 
@@ -43,9 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-kernel", choices=sorted(DECODE_KERNELS),
                    help=f"decode-step linear kernel (default {d.decode_kernel}: the model's own 4-bit weights; "
                         "fp32 is exact, slower)")
-    p.add_argument("--prefill-kernel", choices=list(PREFILL_KERNELS),
-                   help=f"prefill projections (default {d.engine.prefill_kernel}: bf16 weights and activations, about "
-                        "3x faster on a CPU with AVX512-BF16; fp32 is transformers' own arithmetic)")
+    p.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
+                   help=f"prefill projections (default {d.engine.prefill_kernel}: bf16 weights and activations where "
+                        "the hardware has bf16 (about 3x faster on a CPU with AVX512-BF16), else fp32, "
+                        "transformers' own arithmetic)")
     p.add_argument("--retain-memory", action=argparse.BooleanOptionalAction,
                    help="keep freed host memory for the next request instead of returning it to the system "
                         f"(default {'on' if d.engine.retain_memory else 'off'}: no page faults per request, about "

@@ -20,7 +20,7 @@ from workers.chunk_forms import CHUNK_FORMS
 from workers.chunking import DEFAULT_CHUNK_TOKENS
 from workers.engine import EngineConfig
 from workers.precompute import run
-from workers.projections import PREFILL_KERNELS
+from workers.projections import prefill_kernel_names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=EngineConfig.model)
     p.add_argument("--chunk-form", choices=list(CHUNK_FORMS), default=EngineConfig.chunk_form,
                    help="as the server's --chunk-form (part of every block's address)")
-    p.add_argument("--prefill-kernel", choices=list(PREFILL_KERNELS), default=EngineConfig.prefill_kernel,
+    p.add_argument("--prefill-kernel", choices=prefill_kernel_names(), default=EngineConfig.prefill_kernel,
                    help="as the server's --prefill-kernel (part of every block's address)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)

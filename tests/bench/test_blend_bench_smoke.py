@@ -2,6 +2,7 @@
 
 from ragkv.bench import blend
 from workers.engine import EngineConfig
+from workers.projections import resolve_prefill_kernel
 from workers.requests import mode_names
 
 
@@ -17,7 +18,7 @@ def test_blend_bench_quick_writes_contract_json():
     assert out["runs"] and out["runs"][0]["chunks"] == out["chunks"]
     assert 0.0 <= out["codec_only"]["accuracy"] <= 1.0
     # the engine's defaults, not the bench's own
-    assert (out["codec"], out["prefill_kernel"]) == (EngineConfig.codec, EngineConfig.prefill_kernel)
+    assert (out["codec"], out["prefill_kernel"]) == (EngineConfig.codec, resolve_prefill_kernel(EngineConfig.prefill_kernel))
 
 
 def test_extract_answer_takes_the_code_or_the_first_line():

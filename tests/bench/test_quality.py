@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ragkv.bench.quality.configs import BlendCodec, CodecOnly, Eviction, Reuse, parse_config
+from ragkv.bench.quality.configs import BlendCodec, CodecOnly, Eviction, Reuse, Shift, parse_config
 from ragkv.bench.quality.families import FAMILIES, answer_found
 from ragkv.bench.quality.pools import POOLS
 from ragkv.bench.quality.prompts import SIZES, make_prompts
@@ -83,14 +83,17 @@ def test_prompt_sizes_reach_their_targets(runner):
 
 
 def test_config_names_parse_and_bad_names_are_rejected():
-    assert isinstance(parse_config("reuse"), Reuse)
+    assert isinstance(parse_config("reuse"), Reuse) and parse_config("reuse").shift is False
+    shift = parse_config("shift")  # the shift mode: reuse after the context drift
+    assert isinstance(shift, Shift) and shift.reuse and shift.shift
+    assert parse_config("shift+alone").form == "alone" and parse_config("shift+alone").shift
     assert parse_config("blend@0.3").blend_config().recompute_ratio == 0.3
     assert isinstance(parse_config("blend+codec:int4@0.15"), BlendCodec)
     assert parse_config("codec:int4").codec == "int4" and isinstance(parse_config("codec:int4"), CodecOnly)
     evict = parse_config("policy:snapkv@0.2:noprot")
     assert isinstance(evict, Eviction) and evict.budget == 0.2 and not evict.protect
     assert parse_config("policy:tova@64").budget == 64
-    for bad in ("bogus", "blend@1.5", "codec", "policy:snapkv", "full@0.3", "reuse:x"):
+    for bad in ("bogus", "blend@1.5", "codec", "policy:snapkv", "full@0.3", "reuse:x", "shift@0.1", "shift:x"):
         with pytest.raises(ValueError):
             parse_config(bad)
 
@@ -196,7 +199,7 @@ def test_chunk_form_configs_parse():
 def test_the_engine_answers_as_the_suite_measures(runner, tmp_path):
     """The suite's numbers stand for the service: with the exact kernels, the engine (prefix block from
     its store, chunks from its store, its scheduler's decode) gives the suite evaluator's text in
-    full, reuse and blend. A prefix computed in the chunk form broke exactly this."""
+    full, reuse, shift and blend. A prefix computed in the chunk form broke exactly this."""
     from ragkv.bench.quality.evaluate import evaluate_prompt
     from workers.batching.scheduler import BatchConfig
     from workers.engine import Engine, EngineConfig
@@ -205,7 +208,7 @@ def test_the_engine_answers_as_the_suite_measures(runner, tmp_path):
     engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="int8", prefill_kernel="fp32",
                                  batch=BatchConfig(decode_kernel="fp32")), runner=runner)
     count = lambda text: len(runner.tokenize(text))  # noqa: E731
-    rows = {"full": "full", "reuse": "reuse", "blend": f"blend:{BlendConfig().method}@0.15"}
+    rows = {"full": "full", "reuse": "reuse", "shift": "shift", "blend": f"blend:{BlendConfig().method}@0.15"}
     try:
         for p in make_prompts("dev", count, ["single_needle", "system_prompt"], per_family=1, sizes=(500,)):
             suite = evaluate_prompt(runner, p, [parse_config(n) for n in rows.values()], codec="int8")

@@ -62,9 +62,9 @@ def _prompt(runner):
     return layout, runner.chunk_kv(layout.prefix_ids), [runner.chunk_kv(c) for c in chunks]
 
 
-def _blend(runner, layout, prefix, chunks, config, drift=None, reuse=False):
+def _blend(runner, layout, prefix, chunks, config, drift=None, reuse=False, shift=None):
     cache, computed = fuse_chunks(runner, layout, prefix, chunks)
-    return blend_prefill(runner, layout, cache, computed, config, reuse=reuse, drift=drift)
+    return blend_prefill(runner, layout, cache, computed, config, reuse=reuse, drift=drift, shift=shift)
 
 
 def test_blend_with_context_drift_keeps_ratio_one_and_ratio_zero(runner):
@@ -84,6 +84,27 @@ def test_blend_with_context_drift_keeps_ratio_one_and_ratio_zero(runner):
     plain, plain_stats = _blend(runner, layout, prefix, chunks, BlendConfig(context_drift=False), drift)
     assert stats["context_drift"] and not plain_stats["context_drift"]
     assert not torch.allclose(shifted, plain, atol=1e-3)
+
+
+def test_shift_mode_is_reuse_over_whole_chunks_shifted_by_hand(runner):
+    """The `shift` mode (reuse=True, shift=True) over whole chunks: nothing recomputed, every stored chunk entry
+    shifted first, whatever the setting's own context_drift; shift=False never shifts, even a ratio that recomputes."""
+    layout, prefix, chunks = _prompt(runner)
+    shape = runner.shape
+    drift = random_drift(shape.num_layers, shape.num_kv_heads, shape.head_dim, 0.5)
+    shifted, stats = _blend(runner, layout, prefix, chunks, BlendConfig(context_drift=False), drift, True, True)
+    assert stats["context_drift"] and stats["recomputed_tokens"] == 0 and stats["blend_method"] == "shift"
+    cache, computed = fuse_chunks(runner, layout, prefix, chunks)
+    cd.shift_chunks(cache, cd.chunk_range(layout), drift, runner.inv_freq)
+    by_hand, _ = blend_prefill(runner, layout, cache, computed, BlendConfig(), reuse=True)
+    assert torch.allclose(shifted, by_hand, atol=1e-4)
+    reused, reuse_stats = _blend(runner, layout, prefix, chunks, BlendConfig(), drift, reuse=True)
+    assert not reuse_stats["context_drift"] and reuse_stats["blend_method"] == "reuse"
+    assert not torch.allclose(shifted, reused, atol=1e-3)
+    _, never = _blend(runner, layout, prefix, chunks, BlendConfig(recompute_ratio=0.3), drift, shift=False)
+    assert not never["context_drift"] and never["recomputed_tokens"] > 0
+    assert cd.drift_for(runner, BlendConfig(context_drift=False), shift=False) is None
+    assert cd.drift_for(runner, BlendConfig(context_drift=False), reuse=True, shift=True) is not None
 
 
 def test_chunks_compressed_at_ingest_are_shifted_and_reused(runner):

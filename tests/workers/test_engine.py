@@ -88,7 +88,9 @@ def test_all_modes_share_prompt_ids_and_full_equals_transformers(each_engine, ru
     ref = [t for t in ref.tolist() if t not in runner.stop_token_ids]
     assert results["full"].token_ids == ref
     assert all(r.text and r.stats["mode"] == m for m, r in results.items())
-    assert results["reuse"].stats["recomputed_tokens"] == 0
+    assert results["reuse"].stats["recomputed_tokens"] == 0 and not results["reuse"].stats["context_drift"]
+    shift = results["shift"].stats  # reuse after the model's context drift: nothing recomputed either
+    assert shift["recomputed_tokens"] == 0 and shift["context_drift"] and shift["blend_method"] == "shift"
     assert 0 < results["blend"].stats["recomputed_tokens"] < results["full"].stats["recomputed_tokens"]
 
 

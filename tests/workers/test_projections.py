@@ -13,7 +13,8 @@ from ragkv.commands.serve import config_from_args
 from ragkv.config import ServeConfig
 from workers.cache import KVCache
 from workers.engine import Engine, EngineConfig
-from workers.projections import DEFAULT_PREFILL_KERNEL, EXACT_PREFILL_KERNEL, PREFILL_KERNELS, kernel_fingerprint
+from workers.projections import (AUTO, DEFAULT_PREFILL_KERNEL, EXACT_PREFILL_KERNEL, PREFILL_KERNELS, kernel_fingerprint,
+                                native_bf16, prefill_kernel_names, resolve_prefill_kernel)
 
 TEXT = ("The lighthouse on Varrow Point was built in 1871. Its keeper, Ada Penhallow, kept a log of every ship "
         "that passed. The secret code of the archive is 48213. Question: what is the secret code? Answer:")
@@ -25,6 +26,21 @@ def test_with_kernel_shares_the_model_and_is_built_once(runner):
     assert fast.model is runner.model and (runner.kernel, fast.kernel) == ("fp32", "bf16")
     with pytest.raises(ValueError, match="--prefill-kernel"):
         runner.with_kernel("int3")
+
+
+def test_auto_is_bf16_only_where_the_hardware_has_it(runner, monkeypatch):
+    """`auto` resolves by the device's bf16 support, and a runner asked for it is the resolved kernel's runner."""
+    expected = "bf16" if native_bf16(runner.device) else "fp32"
+    assert resolve_prefill_kernel(AUTO, runner.device) == expected and runner.with_kernel(AUTO).kernel == expected
+    assert runner.with_kernel(AUTO) is runner.with_kernel(expected)
+    assert kernel_fingerprint("abc", AUTO) == kernel_fingerprint("abc", resolve_prefill_kernel(AUTO))
+    assert resolve_prefill_kernel("bf16", runner.device) == "bf16"  # a named kernel is never second-guessed
+    for has_bf16, kernel in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda has=has_bf16: has)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        assert resolve_prefill_kernel(AUTO, "cpu") == kernel
+    with pytest.raises(ValueError, match="--prefill-kernel"):
+        resolve_prefill_kernel("int3")
 
 
 def test_bf16_projections_are_close_to_the_modules(runner):
@@ -64,7 +80,7 @@ def test_the_kernel_is_part_of_every_block_address(runner, tmp_path):
 
 
 def test_flag_env_and_helm_follow_the_registry(monkeypatch):
-    assert ServeConfig().engine.prefill_kernel == DEFAULT_PREFILL_KERNEL in PREFILL_KERNELS
+    assert ServeConfig().engine.prefill_kernel == DEFAULT_PREFILL_KERNEL in prefill_kernel_names()
     args = build_parser("serve").parse_args(["serve", "--prefill-kernel", "fp32"])
     assert config_from_args(args).engine.prefill_kernel == "fp32"
     monkeypatch.setenv("RAGKV_PREFILL_KERNEL", "fp32")
@@ -72,4 +88,5 @@ def test_flag_env_and_helm_follow_the_registry(monkeypatch):
     with pytest.raises(ValueError, match="--prefill-kernel"):
         ServeConfig().with_overrides(prefill_kernel="int3")
     schema = json.loads((Path(__file__).parents[2] / "helm/ragkv/values.schema.json").read_text())
-    assert set(schema["properties"]["server"]["properties"]["prefillKernel"]["enum"]) == set(PREFILL_KERNELS)
+    assert set(schema["properties"]["server"]["properties"]["prefillKernel"]["enum"]) == set(prefill_kernel_names())
+    assert set(prefill_kernel_names()) == {AUTO, *PREFILL_KERNELS}

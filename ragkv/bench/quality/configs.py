@@ -2,10 +2,11 @@
 
 A config name reads `KIND[:ARG][@NUMBER][:FLAG]`:
 
-    full | prefix | reuse | blend | blend@0.3 | blend:METHOD@0.3   (blend = the engine's setting, calibrated
+    full | prefix | reuse | shift | blend | blend@0.3 | blend:METHOD@0.3   (blend = the engine's setting, calibrated
                                                                     or default; @R keeps its method)
     codec:NAME              codec only: the exact full-prefill KV stored through NAME, question recomputed
     blend+codec:NAME[@R]    blend over chunks stored through NAME
+    shift                   the `shift` mode: reuse after the model's context drift (workers/context_drift.py)
     blend+lead[:METHOD][@R] | reuse+lead     chunks in a named form (workers/chunk_forms.py), whatever the
     blend+alone[:METHOD][@R] | reuse+alone   engine's default form: after the fixed lead-in, or alone
     reuse+codec:NAME        reuse over chunks stored through NAME
@@ -136,8 +137,10 @@ class Blend(ConfigKind):
     def prepare(self, ctx) -> Prepared:
         cache, computed = fuse_chunks(ctx.runner, ctx.layout, ctx.prefix_kv(), self.chunks(ctx))
         config = self.blend_config(ctx.default_blend)
-        drift = drift_for(ctx.runner, config, self.form or ctx.chunk_form, self.reuse)
-        logits, stats = blend_prefill(ctx.runner, ctx.layout, cache, computed, config, reuse=self.reuse, drift=drift)
+        shift = self.shift if self.reuse else None  # reuse kinds: False (plain reuse) or True (the shift mode)
+        drift = drift_for(ctx.runner, config, self.form or ctx.chunk_form, self.reuse, shift)
+        logits, stats = blend_prefill(ctx.runner, ctx.layout, cache, computed, config, reuse=self.reuse, drift=drift,
+                                      shift=shift)
         return Prepared(logits, cache, stats=stats)
 
 
@@ -151,7 +154,17 @@ class Reuse(Blend):
     @classmethod
     def parse(cls, name, arg, number, flag):
         _no_argument(name, arg, number, flag)
-        return cls(name, reuse=True)
+        return cls(name, reuse=True, shift=False)
+
+
+@config_kind("shift")
+class Shift(Blend):
+    """The `shift` mode: reuse, every stored chunk entry shifted first by the model's context drift."""
+
+    @classmethod
+    def parse(cls, name, arg, number, flag):
+        _no_argument(name, arg, number, flag)
+        return cls(name, reuse=True, shift=True)
 
 
 class InForm:
@@ -165,11 +178,11 @@ class InForm:
 
 
 def _form_kinds() -> None:
-    """blend+FORM[:METHOD][@R] / reuse+FORM for every chunk form."""
+    """blend+FORM[:METHOD][@R] / reuse+FORM / shift+FORM for every chunk form."""
     from workers.chunk_forms import CHUNK_FORMS
 
     for form in CHUNK_FORMS:
-        for base, kind in ((Blend, "blend"), (Reuse, "reuse")):
+        for base, kind in ((Blend, "blend"), (Reuse, "reuse"), (Shift, "shift")):
             config_kind(f"{kind}+{form}")(type(f"{base.__name__}{form.title()}", (InForm, base), {"form_name": form}))
 
 

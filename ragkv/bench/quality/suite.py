@@ -43,8 +43,8 @@ def run(quick: bool = False, progress: bool = True, split: str = "dev", families
     if threads:
         torch.set_num_threads(threads)
     try:
-        prefill_kernel = prefill_kernel or EngineConfig.prefill_kernel
-        runner = ModelRunner.load(model).with_kernel(prefill_kernel)
+        runner = ModelRunner.load(model).with_kernel(prefill_kernel or EngineConfig.prefill_kernel)
+        prefill_kernel = runner.kernel  # `auto` resolved: what ran
         codec = codec or EngineConfig().codec
         names = configs or config_names(preset or ("quick" if quick else "standard"))
         parsed = [parse_config(name) for name in dict.fromkeys(["full", *names])]
