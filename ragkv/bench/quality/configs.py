@@ -151,20 +151,19 @@ class BlendDefault(Blend):
 
 @config_kind("reuse")
 class Reuse(Blend):
+    shifted: ClassVar[bool] = False  # the shift mode's context drift first
+
     @classmethod
     def parse(cls, name, arg, number, flag):
         _no_argument(name, arg, number, flag)
-        return cls(name, reuse=True, shift=False)
+        return cls(name, reuse=True, shift=cls.shifted)
 
 
 @config_kind("shift")
-class Shift(Blend):
+class Shift(Reuse):
     """The `shift` mode: reuse, every stored chunk entry shifted first by the model's context drift."""
 
-    @classmethod
-    def parse(cls, name, arg, number, flag):
-        _no_argument(name, arg, number, flag)
-        return cls(name, reuse=True, shift=True)
+    shifted: ClassVar[bool] = True
 
 
 class InForm:
