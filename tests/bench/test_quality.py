@@ -119,11 +119,12 @@ def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
     from ragkv.cli import main
 
     out, plots = tmp_path / "quality.json", tmp_path / "plots"
-    assert main(["bench", "quality", "--quick", "--json", str(out), "--plots", str(plots),
+    # short answers keep this smoke test cheap: the JSON, plots, report and merge do not depend on their length
+    assert main(["bench", "quality", "--quick", "--answer-tokens", "6", "--json", str(out), "--plots", str(plots),
                  "--report", str(tmp_path / "q.md")]) == 0
     capsys.readouterr()
     result = json.loads(out.read_text())
-    assert result["split"] == "dev" and result["available_splits"] == ["dev", "test"]
+    assert result["split"] == "dev" and result["available_splits"] == ["dev", "test"] and result["answer_tokens"] == 6
     assert len(result["families"]) >= 8
     for data in result["families"].values():
         assert data["n"] >= 1 and data["prompt_tokens"] > 0
