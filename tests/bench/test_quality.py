@@ -115,7 +115,8 @@ def test_exact_configs_agree_with_full(runner):
 
 
 def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
-    """`ragkv bench quality --quick --json OUT --plots DIR`, in process (the session's model is reused)."""
+    """`ragkv bench quality --quick --answer-tokens 6 --json OUT --plots DIR`, in process (the session's model
+    is reused)."""
     from ragkv.cli import main
 
     out, plots = tmp_path / "quality.json", tmp_path / "plots"
