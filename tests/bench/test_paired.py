@@ -103,3 +103,36 @@ def test_ratio_plot_draws_one_line_per_blend_method(tmp_path, monkeypatch):
     paths = write_plots(result, str(tmp_path))
     assert [p.split("/")[-1] for p in paths] == ["accuracy_vs_ratio.png"]
     assert sorted(drawn) == [("blend", [0.15]), ("gradual", [0.15, 0.5]), ("legolink", [0.15])]
+
+
+def test_tradeoff_joins_accuracy_and_ttft_by_config_and_draws_every_method(tmp_path, capsys):
+    """`tradeoff`: a quality run and a `bench blend` run joined by name; one curve per method, in ratio order."""
+    from ragkv.bench.quality.tradeoff import tradeoff_points
+
+    accuracy = {"full": 0.7, "reuse": 0.4, "shift": 0.55, "blend": 0.63, "blend:gradual@0.3": 0.68,
+                "blend:gradual@0.15": 0.63, "blend:legolink@0.15": 0.5, "blend:attention@0.15": 0.45}
+    quality = {"split": "test", "prompts": 8, "codec": "wk4v3", "configs": list(accuracy),
+               "overall": {"accuracy": accuracy, "agreement_vs_full": {k: v / 2 for k, v in accuracy.items()}}}
+    speedups = {"full": 1.0, "prefix": 1.0, "reuse": 8.0, "shift": 7.5, "blend": 2.5, "blend:gradual@0.15": 2.4,
+                "blend:gradual@0.3": 1.7, "blend:legolink@0.15": 3.0}  # attention@0.15 was not timed
+    ttft = {"speedup_paired": speedups, "chunks": 8, "prompt_tokens": 2118}
+    points = tradeoff_points(quality, ttft)
+    assert [p.config for p in points] == ["blend", "full", "reuse", "shift", "blend:gradual@0.15",
+                                          "blend:gradual@0.3", "blend:legolink@0.15"]
+    gradual = [p for p in points if p.method == "gradual"]
+    assert [(p.ratio, p.accuracy, p.agreement, p.speedup) for p in gradual] == [(0.15, 0.63, 0.315, 2.4),
+                                                                               (0.3, 0.68, 0.34, 1.7)]
+    (tmp_path / "q.json").write_text(json.dumps(quality))
+    (tmp_path / "t.json").write_text(json.dumps(ttft))
+    png = tmp_path / "plots" / "tradeoff.png"
+    assert quality_main(["tradeoff", str(tmp_path / "q.json"), str(tmp_path / "t.json"), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "| blend:gradual@0.3 | 0.3 | 0.680 | 0.340 | 1.70x |" in out and "attention" not in out
+    assert png.stat().st_size > 0
+    with pytest.raises(ValueError, match="no config is in both"):
+        tradeoff_points(quality, {"speedup_paired": {"prefix": 1.0}})
+    for bad in ({}, quality):  # a quality file given where the bench file goes, or nothing at all
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(SystemExit) as error:
+            quality_main(["tradeoff", str(tmp_path / "q.json"), str(tmp_path / "bad.json")])
+        assert error.value.code == 2 and "not a `ragkv bench blend` result" in capsys.readouterr().err

@@ -6,6 +6,10 @@ from quality runs over disjoint families (`ragkv bench quality --families ...`, 
 `python -m ragkv.bench.quality compare RESULT.json [--base full] [--metric correct|agree]`: every config
 against `base` on the same prompts: answers gained and lost, the accuracy difference with a 95% interval,
 McNemar's p (ragkv/bench/quality/paired.py).
+
+`python -m ragkv.bench.quality tradeoff RESULT.json BLEND.json [--plot PNG]`: accuracy (a quality run) against
+TTFT speedup (a `ragkv bench blend` run of the same `METHOD@RATIO` settings), every method in one plot
+(ragkv/bench/quality/tradeoff.py).
 """
 
 from __future__ import annotations
@@ -29,9 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("result", help="a quality JSON file")
     compare.add_argument("--base", default="full", help="the config the others are compared with (default full)")
     compare.add_argument("--metric", default="correct", choices=OUTCOMES, help="per-prompt outcome to pair")
+    tradeoff = commands.add_parser("tradeoff", help="accuracy against TTFT speedup, every blend method")
+    tradeoff.add_argument("result", help="a quality JSON file with blend:METHOD@RATIO configs")
+    tradeoff.add_argument("ttft", help="a `ragkv bench blend --settings METHOD@RATIO ...` JSON file")
+    tradeoff.add_argument("--plot", help="write the PNG here")
     args = parser.parse_args(argv)
+    handlers = {"merge": _merge, "compare": _compare, "tradeoff": _tradeoff}
     try:
-        return _merge(args) if args.command == "merge" else _compare(args)
+        return handlers[args.command](args)
     except (ValueError, OSError) as error:  # a bad file or config: one line, exit 2
         parser.exit(2, f"error: {error}\n")
 
@@ -63,6 +72,20 @@ def _compare(args) -> int:
     from ragkv.bench.quality.paired import table
 
     print("\n".join(table(_load(args.result), args.base, args.metric)))
+    return 0
+
+
+def _tradeoff(args) -> int:
+    from ragkv.bench.quality.tradeoff import markdown, plot, tradeoff_points
+
+    result, ttft = _load(args.result), _load(args.ttft)
+    points = tradeoff_points(result, ttft)
+    split = result.get("split", "?")
+    print(markdown(points, split))
+    if args.plot:
+        title = (f"accuracy ({split}, {result.get('prompts', '?')} prompts) against TTFT "
+                 f"({ttft.get('chunks', '?')} chunks, {ttft.get('prompt_tokens', '?')} tokens), codec {result.get('codec', '?')}")
+        print(plot(points, args.plot, title))
     return 0
 
 
