@@ -59,11 +59,13 @@ def write_plots(result: dict, directory: str) -> list[str]:
     return [str(p) for p in written]
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path, dpi: int = 90) -> Path:
+    """Lay out, write and close `fig` (its folder made if missing)."""
     import matplotlib.pyplot as plt
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -99,7 +101,7 @@ def _ratio_plot(result: dict, out: Path) -> Path | None:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(f"accuracy vs recompute ratio ({result['split']}, codec {result['codec']})")
-    return _save(fig, out / "accuracy_vs_ratio.png")
+    return save_figure(fig, out / "accuracy_vs_ratio.png")
 
 
 def _codec_plot(result: dict, out: Path) -> Path | None:
@@ -122,7 +124,7 @@ def _codec_plot(result: dict, out: Path) -> Path | None:
     ax.set_ylabel("accuracy (mean over families)")
     ax.set_title(f"codecs: codec-only (o) and under blend (x), {result['split']}")
     ax.legend(fontsize=8)
-    return _save(fig, out / "accuracy_vs_bytes.png")
+    return save_figure(fig, out / "accuracy_vs_bytes.png")
 
 
 def _budget_plot(result: dict, out: Path) -> Path | None:
@@ -143,4 +145,4 @@ def _budget_plot(result: dict, out: Path) -> Path | None:
     ax.set_ylabel("accuracy (mean over families)")
     ax.set_title(f"eviction with protection, {result['split']}")
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, out / "accuracy_vs_budget.png")
+    return save_figure(fig, out / "accuracy_vs_budget.png")

@@ -10,11 +10,11 @@ draws the plot.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-METHOD_RE = re.compile(r"^blend:([a-z-]+)@([0-9.]+)$")  # as the quality suite and `bench blend` label them
+from ragkv.bench.quality.report import RATIO_RE, save_figure  # blend@R, blend:METHOD@R
+
 SINGLE = ("full", "reuse", "shift", "blend")  # modes both runs measure under the same name
 
 
@@ -42,10 +42,10 @@ def tradeoff_points(quality: dict, ttft: dict) -> list[Point]:
     for config, speedup in ttft["speedup_paired"].items():
         if config not in accuracy:
             continue
-        match = METHOD_RE.match(config)
+        match = RATIO_RE.match(config)
         if match is None and config not in SINGLE:
             continue
-        method, ratio = (match.group(1), float(match.group(2))) if match else (config, None)
+        method, ratio = (match.group(1) or "blend", float(match.group(2))) if match else (config, None)
         points.append(Point(config, method, ratio, accuracy[config], agreement[config], speedup))
     if not points:
         raise ValueError("no config is in both files: run the same blend:METHOD@RATIO settings in both")
@@ -91,9 +91,4 @@ def plot(points: list[Point], path: str, title: str) -> Path:
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, Path(path), dpi=100)
