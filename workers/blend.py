@@ -42,7 +42,7 @@ class BlendConfig:
     check_layer: int = CHECK_LAYER  # layer whose K/V deviation picks the tokens (selection.CHECK_LAYER)
     deviation: str = "kv"  # "k", "v" or "kv": which fresh-vs-stored difference ranks the tokens
     # names in workers.selection.SELECTIONS. `gradual` answers better over whole chunks and `deviation`
-    # over chunks compressed at ingest (README, "Selection methods"), so the default is one per chunk kind:
+    # over chunks compressed at ingest (docs/blend.md, "Selection methods"), so the default is one per chunk kind:
     method: str = "gradual"
     # over a prompt holding a chunk compressed at ingest: nothing recomputed by default, the stored entries only
     # shifted by the context drift (dev 0.542 vs 0.479 with deviation@0.15: a token recomputed there attends

@@ -71,7 +71,7 @@ class Score:
 
 def default_candidates(drift: bool = False) -> list[BlendConfig]:
     """Methods x ratios swept by `ragkv calibrate` (cheapest first within a method); `drift`: each also with
-    the drift repair (opt-in: it loses the answer chunk on the blend bench's set, README "Key drift")."""
+    the drift repair (opt-in: it loses the answer chunk on the blend bench's set, docs/blend.md "Key drift")."""
     ratios = (0.05, 0.1, 0.15, 0.2, 0.3, 0.45)
     methods = ("deviation", "gradual", "legolink", "legolink-deviation", "attention", "legolink-attention", "strided")
     drifts = (False, True) if drift else (False,)

@@ -1,7 +1,7 @@
 """Drift: the context-dependent shift between a chunk's stored K/V and its K/V in the prompt.
 
 A chunk's KV is computed without the chunks before it. Measured on the quality suite's dev
-split (README, "Key drift"), the harm of reusing it sits almost all in the keys:
+split (docs/blend.md, "Key drift"), the harm of reusing it sits almost all in the keys:
 
 - exact keys with stored values recover most of full prefill's answers, exact values with
   stored keys do worse than plain reuse;

@@ -7,7 +7,7 @@ A mode fills a KVCache for the whole prompt and returns the logits of its last t
     reuse    stored chunk KV placed after the prefix, nothing recomputed (only the question)
     shift    reuse, with every stored chunk entry shifted first by the model's context drift
              (workers/context_drift.py): reuse's cost, and on the quality suite's `dev` split
-             0.594 against reuse's 0.458 (blend at 15%: 0.667; README "The shift mode")
+             0.594 against reuse's 0.458 (blend at 15%: 0.667; docs/blend.md "The shift mode")
     blend    stored chunk KV plus CacheBlend's selective recompute (workers/blend.py)
 
 The engine hands a mode a PrefillContext: what it needs from the store and from blending comes

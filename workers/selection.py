@@ -90,7 +90,7 @@ class Selection:
 SELECTIONS: dict[str, type[Selection]] = {}
 # the layer whose fresh-vs-stored K/V deviation picks the tokens (layers before it run for every token).
 # Layer-0 K/V do not depend on context; 2 answered 5 more of 96 `dev` prompts than 1 with `doc` chunks
-# (README, "Why check layer 2")
+# (docs/blend.md, "Why check layer 2")
 CHECK_LAYER = 2
 
 

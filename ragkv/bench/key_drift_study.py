@@ -1,4 +1,4 @@
-"""Where does plain reuse lose answers? Oracle caches that mix exact and stored chunk KV (README, "Key drift").
+"""Where does plain reuse lose answers? Oracle caches that mix exact and stored chunk KV (docs/blend.md, "Key drift").
 
     python -m ragkv.bench.key_drift_study --split dev --per-family 2 --part 0/2 --json OUT
 
@@ -91,7 +91,7 @@ class Oracle(Blend):
 @config_kind("shifted")
 @dataclass(frozen=True)
 class ShiftedBlend(Blend):
-    """Blend after each stored chunk is shifted by its own exact mean K (and V) drift (README, "Shift, then blend")."""
+    """Blend after each stored chunk is shifted by its own exact mean K (and V) drift (docs/blend.md, "Shift, then blend")."""
 
     spec: str = "kv"
 

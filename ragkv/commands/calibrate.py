@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated selection methods (default: all)")
     parser.add_argument("--ratios", default=None, type=_ratios, help="comma-separated recompute ratios")
     parser.add_argument("--drift", action="store_true",
-                        help="also sweep every setting with the drift repair (README, 'Key drift')")
+                        help="also sweep every setting with the drift repair (docs/blend.md, 'Key drift')")
     parser.add_argument("--force", action="store_true", help="measure again even when a result is stored")
 
 

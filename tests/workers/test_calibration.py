@@ -109,7 +109,7 @@ def test_engine_uses_the_calibrated_setting_when_no_ratio_is_given(runner, tmp_p
 
 
 def test_drift_candidates_are_opt_in():
-    """`ragkv calibrate` sweeps the drift repair only with --drift (README, "Key drift")."""
+    """`ragkv calibrate` sweeps the drift repair only with --drift (docs/blend.md, "Key drift")."""
     from ragkv.commands.calibrate import candidates
 
     plain, both = candidates(None, None), candidates(None, None, drift=True)
