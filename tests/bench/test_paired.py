@@ -105,6 +105,25 @@ def test_ratio_plot_draws_one_line_per_blend_method(tmp_path, monkeypatch):
     assert sorted(drawn) == [("blend", [0.15]), ("gradual", [0.15, 0.5]), ("legolink", [0.15])]
 
 
+def test_budget_plot_draws_policies_and_chunks_compressed_at_ingest(tmp_path, monkeypatch):
+    """`policy:P@B` and `ingest:P@B` configs each get an accuracy-vs-budget line, in budget order."""
+    import matplotlib.axes
+
+    from ragkv.bench.quality.report import write_plots
+
+    names = ["full", "blend", "policy:kvzip@0.5", "policy:kvzip@0.2", "ingest:kvzip@0.3", "ingest:kvzip@0.2",
+             "policy:tova@0.2:noprot"]
+    result = {"configs": names, "split": "test", "codec": "wk4v3", "families": {},
+              "overall": {"accuracy": {name: 0.5 for name in names}}}
+    drawn = []
+    original = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda ax, xs, ys, *a, **k: drawn.append((k.get("label"), list(xs))) or original(ax, xs, ys, *a, **k))
+    paths = write_plots(result, str(tmp_path))
+    assert [p.split("/")[-1] for p in paths] == ["accuracy_vs_budget.png"]
+    assert sorted(drawn) == [("ingest kvzip", [0.2, 0.3]), ("kvzip", [0.2, 0.5])]  # :noprot is not a curve
+
+
 def test_tradeoff_joins_accuracy_and_ttft_by_config_and_draws_every_method(tmp_path, capsys):
     """`tradeoff`: a quality run and a `bench blend` run joined by name; one curve per method, in ratio order."""
     from ragkv.bench.quality.tradeoff import tradeoff_points

@@ -9,6 +9,7 @@ from ragkv.bench.quality.paired import family_changes, has_outcomes, table
 
 RATIO_RE = re.compile(r"^blend(?::([a-z-]+))?@([0-9.]+)$")  # blend@R, blend:METHOD@R (one line per method)
 POLICY_RE = re.compile(r"^policy:([a-z0-9_]+)@([0-9.]+)$")
+INGEST_RE = re.compile(r"^ingest:([a-z0-9_-]+)@([0-9.]+)$")  # chunks compressed at ingest, then blended
 CODEC_RE = re.compile(r"^codec:([a-z0-9_]+)$")
 
 
@@ -128,21 +129,27 @@ def _codec_plot(result: dict, out: Path) -> Path | None:
 
 
 def _budget_plot(result: dict, out: Path) -> Path | None:
+    """Accuracy against the kept share: request-time policies (`policy:P@B`, the prompt) and chunks
+    compressed at ingest (`ingest:P@B`, each chunk, then blended), one line each; blend over whole chunks
+    as a reference line when the run has it."""
     import matplotlib.pyplot as plt
 
     series: dict[str, list[tuple[float, str]]] = {}
-    for (policy, budget), name in _series(result, POLICY_RE):
-        series.setdefault(policy, []).append((float(budget), name))
+    for prefix, pattern in (("", POLICY_RE), ("ingest ", INGEST_RE)):
+        for (policy, budget), name in _series(result, pattern):
+            series.setdefault(prefix + policy, []).append((float(budget), name))
     if not series:
         return None
     acc = result["overall"]["accuracy"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for policy, points in sorted(series.items()):
+    for label, points in sorted(series.items()):
         points.sort()
-        ax.plot([b for b, _ in points], [acc[n] for _, n in points], "o-", label=policy)
+        ax.plot([b for b, _ in points], [acc[n] for _, n in points], "o-", label=label)
     ax.axhline(acc["full"], color="black", linestyle=":", label="full")
-    ax.set_xlabel("budget (fraction of prompt tokens kept)")
+    if "blend" in acc and any(label.startswith("ingest ") for label in series):
+        ax.axhline(acc["blend"], color="tab:gray", linestyle="--", label="blend, whole chunks")
+    ax.set_xlabel("budget (fraction of prompt or chunk tokens kept)")
     ax.set_ylabel("accuracy (mean over families)")
-    ax.set_title(f"eviction with protection, {result['split']}")
+    ax.set_title(f"eviction (protected) and chunks compressed at ingest, {result['split']}")
     ax.legend(fontsize=7, ncol=2)
     return save_figure(fig, out / "accuracy_vs_budget.png")
