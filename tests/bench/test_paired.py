@@ -86,42 +86,37 @@ def test_compare_command_prints_the_table_and_rejects_bad_input(tmp_path, capsys
         assert error.value.code == 2 and capsys.readouterr().err.count("\n") == 1
 
 
-def test_ratio_plot_draws_one_line_per_blend_method(tmp_path, monkeypatch):
-    """`blend@R` (the engine's setting) and `blend:METHOD@R` configs each get their own accuracy-vs-ratio line."""
+def plotted_lines(names: list[str], monkeypatch, tmp_path) -> tuple[list[str], list[tuple[str, list[float]]]]:
+    """write_plots over a run of these configs (accuracy 0.5 each) -> (PNG file names, sorted (label, xs) drawn)."""
     import matplotlib.axes
 
     from ragkv.bench.quality.report import write_plots
 
-    names = ["full", "reuse", "blend@0.15", "blend:gradual@0.15", "blend:gradual@0.5", "blend:legolink@0.15"]
-    accuracy = {name: 0.5 for name in names}
     result = {"configs": names, "split": "dev", "codec": "wk4v3", "families": {},
-              "overall": {"accuracy": accuracy}}
-    drawn = []
-    original = matplotlib.axes.Axes.plot
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
-                        lambda ax, xs, ys, *a, **k: drawn.append((k.get("label"), list(xs))) or original(ax, xs, ys, *a, **k))
-    paths = write_plots(result, str(tmp_path))
-    assert [p.split("/")[-1] for p in paths] == ["accuracy_vs_ratio.png"]
-    assert sorted(drawn) == [("blend", [0.15]), ("gradual", [0.15, 0.5]), ("legolink", [0.15])]
-
-
-def test_budget_plot_draws_policies_and_chunks_compressed_at_ingest(tmp_path, monkeypatch):
-    """`policy:P@B` and `ingest:P@B` configs each get an accuracy-vs-budget line, in budget order."""
-    import matplotlib.axes
-
-    from ragkv.bench.quality.report import write_plots
-
-    names = ["full", "blend", "policy:kvzip@0.5", "policy:kvzip@0.2", "ingest:kvzip@0.3", "ingest:kvzip@0.2",
-             "policy:tova@0.2:noprot"]
-    result = {"configs": names, "split": "test", "codec": "wk4v3", "families": {},
               "overall": {"accuracy": {name: 0.5 for name in names}}}
     drawn = []
     original = matplotlib.axes.Axes.plot
     monkeypatch.setattr(matplotlib.axes.Axes, "plot",
                         lambda ax, xs, ys, *a, **k: drawn.append((k.get("label"), list(xs))) or original(ax, xs, ys, *a, **k))
     paths = write_plots(result, str(tmp_path))
-    assert [p.split("/")[-1] for p in paths] == ["accuracy_vs_budget.png"]
-    assert sorted(drawn) == [("ingest kvzip", [0.2, 0.3]), ("kvzip", [0.2, 0.5])]  # :noprot is not a curve
+    return [p.split("/")[-1] for p in paths], sorted(drawn)
+
+
+def test_ratio_plot_draws_one_line_per_blend_method(tmp_path, monkeypatch):
+    """`blend@R` (the engine's setting) and `blend:METHOD@R` configs each get their own accuracy-vs-ratio line."""
+    names = ["full", "reuse", "blend@0.15", "blend:gradual@0.15", "blend:gradual@0.5", "blend:legolink@0.15"]
+    files, drawn = plotted_lines(names, monkeypatch, tmp_path)
+    assert files == ["accuracy_vs_ratio.png"]
+    assert drawn == [("blend", [0.15]), ("gradual", [0.15, 0.5]), ("legolink", [0.15])]
+
+
+def test_budget_plot_draws_policies_and_chunks_compressed_at_ingest(tmp_path, monkeypatch):
+    """`policy:P@B` and `ingest:P@B` configs each get an accuracy-vs-budget line, in budget order."""
+    names = ["full", "blend", "policy:kvzip@0.5", "policy:kvzip@0.2", "ingest:kvzip@0.3", "ingest:kvzip@0.2",
+             "policy:tova@0.2:noprot"]
+    files, drawn = plotted_lines(names, monkeypatch, tmp_path)
+    assert files == ["accuracy_vs_budget.png"]
+    assert drawn == [("ingest kvzip", [0.2, 0.3]), ("kvzip", [0.2, 0.5])]  # :noprot is not a curve
 
 
 def test_tradeoff_joins_accuracy_and_ttft_by_config_and_draws_every_method(tmp_path, capsys):
