@@ -198,6 +198,16 @@ def frame_block(kv: ChunkKV, codec: Codec, fingerprint: str, raw: bytes) -> byte
     return body + _digest(body)
 
 
+def verified_checksum(data: bytes) -> bytes | None:
+    """The block's trailing checksum if it matches the bytes before it, else None (too short, damaged).
+    Only the checksum: a decoded copy of these very bytes is still what decode_block would give."""
+    view = memoryview(data)
+    if len(view) < _PREFIX.size + CHECKSUM_BYTES:
+        return None
+    checksum = bytes(view[-CHECKSUM_BYTES:])
+    return checksum if _digest(view[:-CHECKSUM_BYTES]) == checksum else None
+
+
 def _int(value, name: str, lo: int, hi: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise BlockFormatError(f"header field {name}={value!r} out of range [{lo}, {hi}]")
@@ -363,6 +373,18 @@ def decode_block(data: bytes, expected_fingerprint: str | None = None,
                        compression=header.compression), header
     except ValueError as e:
         raise BlockShapeError(str(e)) from None
+
+
+def decode_blocks(datas: list[bytes], expected_fingerprint: str | None = None,
+                  device: torch.device | str | None = None) -> list[ChunkKV | BlockError]:
+    """decode_block over one request's blocks: per block its KV, or the BlockError that refused it."""
+    out: list[ChunkKV | BlockError] = []
+    for data in datas:
+        try:
+            out.append(decode_block(data, expected_fingerprint, device)[0])
+        except BlockError as e:
+            out.append(e)
+    return out
 
 
 def _short(fingerprint: str) -> str:

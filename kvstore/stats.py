@@ -8,11 +8,22 @@ also a read-only Mapping over that JSON (`stats["bytes_used"]` is `stats.bytes_u
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field, fields
 
-if TYPE_CHECKING:
-    from kvstore.store import StoreCounters
+
+@dataclass
+class StoreCounters:
+    """A BlockStore's running counts (kvstore/store.py); their names are keys of the Stats JSON."""
+
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    corrupt: int = 0  # blocks that failed checksum/format/shape checks (deleted)
+    foreign: int = 0  # blocks from another model fingerprint (deleted)
+    token_mismatch: int = 0  # a hit whose token ids differ from the caller's (treated as a miss)
+    unavailable: int = 0  # operations that found the backend down
+    bytes_read: int = 0
+    bytes_written: int = 0
 
 
 class StatsView(Mapping):
@@ -58,14 +69,30 @@ class BackendStats(StatsView):
 
 
 @dataclass(frozen=True, eq=False)
+class DecodedStats(StatsView):
+    """The decoded-KV tier in front of a store's blocks (kvstore/decoded.py): hits there skip a decode."""
+
+    bytes_used: int = 0
+    budget_bytes: int = 0  # 0: the tier is off
+    blocks: int = 0
+    evictions: int = 0  # decoded chunks dropped to stay within the budget
+    hits: int = 0
+    misses: int = 0
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, eq=False)
 class StoreStats(StatsView):
     codec: dict  # the codec's spec
     fingerprint: str
     degraded: bool
     counters: StoreCounters
     backend: BackendStats | None  # None: the backend could not be reached for its figures
+    decoded: DecodedStats = field(default_factory=DecodedStats)  # the decoded-KV tier (budget 0 when off)
 
     def as_dict(self) -> dict:
         backend = {} if self.backend is None else self.backend.as_dict()
         return {"codec": self.codec, "fingerprint": self.fingerprint, "degraded": self.degraded,
-                **asdict(self.counters), "backend": backend}
+                **asdict(self.counters), "backend": backend, "decoded": self.decoded.as_dict()}

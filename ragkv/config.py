@@ -1,19 +1,27 @@
-"""Server configuration: a frozen dataclass built in layers (defaults -> environment -> CLI flags).
+"""Server configuration: a frozen dataclass built in layers (defaults -> file -> environment -> CLI flags).
 
 ServeConfig holds the server's own settings and the engine's EngineConfig (workers/engine.py) as
 it is: the engine's defaults are written once, there. The engine settings read through
 (`config.codec` is `config.engine.codec`), and their flags / RAGKV_* variables keep their flat
-names (--codec, RAGKV_CODEC). Nothing here is written back at run time; derived values (the gRPC
-options) are computed from it where they are used.
+names (--codec, RAGKV_CODEC, `codec = "int8"` in a --config file). Nothing here is written back at run
+time; derived values (the gRPC options) are computed from it where they are used.
+
+The config file (`ragkv serve --config FILE`, TOML) holds any setting by its field name, flat:
+
+    max_queue = 128
+    grace_s = 10.0
+    retain_memory = false
 """
 
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 from kvstore.codecs import CODECS
+from kvstore.plugins import HINT
 from workers.batching.scheduler import BatchConfig
 from workers.chunk_forms import CHUNK_FORMS
 from workers.engine import EngineConfig
@@ -24,7 +32,7 @@ MiB = 1 << 20
 BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 # EngineConfig fields a flag or a RAGKV_* variable sets (the others are the engine's own business)
 ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes", "chunk_form", "prefill_kernel",
-                 "retain_memory")
+                 "retain_memory", "sequence_cache", "shadow_sample")
 BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfig.batch (BatchConfig)
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
@@ -38,6 +46,7 @@ class ServeConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     metrics_port: int | None = None
+    http_port: int | None = None  # the OpenAI-compatible HTTP API (ragkv/server/openai); None: off
     max_queue: int = 64  # requests allowed to wait for the engine; one more -> RESOURCE_EXHAUSTED
     max_message_bytes: int = 64 * MiB
     grace_s: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
@@ -46,12 +55,17 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
+        if not 0.0 <= self.engine.shadow_sample <= 1.0:
+            raise ValueError(f"shadow_sample: must be in [0, 1], got {self.engine.shadow_sample}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port: out of range: {self.port}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(f"--http-port: out of range: {self.http_port}")
         if self.max_queue < 0:
             raise ValueError(f"--max-queue: must be >= 0, got {self.max_queue}")
         if self.engine.codec not in CODECS:
-            raise ValueError(f"--codec: unknown codec {self.engine.codec!r}; known: {', '.join(sorted(CODECS))}")
+            raise ValueError(f"--codec: unknown codec {self.engine.codec!r}; known: {', '.join(sorted(CODECS))}; "
+                             f"{HINT}")
         if self.engine.chunk_form not in CHUNK_FORMS:
             raise ValueError(f"--chunk-form: unknown chunk form {self.engine.chunk_form!r}; "
                              f"known: {', '.join(CHUNK_FORMS)}")
@@ -81,22 +95,48 @@ class ServeConfig:
         return self.tls_cert is not None
 
     @classmethod
+    def load(cls, path: str | None = None, env: Mapping[str, str] | None = None) -> "ServeConfig":
+        """Defaults, then the TOML file at `path` (if any), then RAGKV_<FIELD> variables."""
+        return (cls.from_file(path) if path else cls()).with_env(env)
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ServeConfig":
         """Defaults overlaid with RAGKV_<FIELD> variables (e.g. RAGKV_TOKEN, RAGKV_MAX_QUEUE)."""
+        return cls().with_env(env)
+
+    @classmethod
+    def from_file(cls, path: str) -> "ServeConfig":
+        """Defaults overlaid with a TOML file's settings (flat keys, the field names); ValueError naming the
+        file and the key on an unknown key or a value of the wrong type."""
+        try:
+            with open(path, "rb") as f:
+                table = tomllib.load(f)
+        except OSError as e:
+            raise ValueError(f"--config: cannot read {path}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"--config: {path}: not TOML: {e}") from None
+        types = settable()
+        unknown = sorted(set(table) - set(types))
+        if unknown:
+            raise ValueError(f"--config: {path}: unknown setting {unknown[0]!r}; known: {', '.join(sorted(types))}")
+        try:
+            return cls().with_overrides(**{k: _typed(k, types[k], v) for k, v in table.items()})
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"--config: {path}: {e}") from None
+
+    def with_env(self, env: Mapping[str, str] | None = None) -> "ServeConfig":
+        """This config overlaid with RAGKV_<FIELD> variables."""
         env = os.environ if env is None else env
-        settable = [f for f in fields(cls) if f.name != "engine"] + \
-            [f for f in fields(EngineConfig) if f.name in ENGINE_FIELDS] + \
-            [f for f in fields(BatchConfig) if f.name in BATCH_FIELDS]
         values = {}
-        for f in settable:
-            name = f"RAGKV_{f.name.upper()}"
-            raw = env.get(name)
+        for name, type_name in settable().items():
+            variable = f"RAGKV_{name.upper()}"
+            raw = env.get(variable)
             if raw is not None:
                 try:
-                    values[f.name] = _parse(f.type, raw)
+                    values[name] = _parse(type_name, raw)
                 except ValueError as e:
-                    raise ValueError(f"{name}: {e}") from None
-        return cls().with_overrides(**values)
+                    raise ValueError(f"{variable}: {e}") from None
+        return self.with_overrides(**values)
 
     def with_overrides(self, **overrides) -> "ServeConfig":
         """A copy with every override that is not None (CLI flags left unset keep the lower layer);
@@ -107,6 +147,24 @@ class ServeConfig:
         if batch:
             engine["batch"] = replace(self.engine.batch, **batch)
         return replace(self, engine=replace(self.engine, **engine), **given)
+
+
+def settable() -> dict[str, str]:
+    """Every setting a file, a RAGKV_* variable or a flag may set: field name -> its annotation."""
+    own = [f for f in fields(ServeConfig) if f.name != "engine"]
+    engine = [f for f in fields(EngineConfig) if f.name in ENGINE_FIELDS]
+    batch = [f for f in fields(BatchConfig) if f.name in BATCH_FIELDS]
+    return {f.name: str(f.type) for f in own + engine + batch}
+
+
+def _typed(name: str, type_name: str, value):
+    """A TOML value checked against the field's annotation (an int is a float too; null is not TOML)."""
+    wanted = [t for t in ("bool", "int", "float", "str") if t in type_name]
+    ok = {"bool": isinstance(value, bool), "int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool), "str": isinstance(value, str)}
+    if not any(ok[t] for t in wanted):
+        raise ValueError(f"{name} must be {' or '.join(wanted)}, got {value!r}")
+    return float(value) if wanted == ["float"] else value
 
 
 def _parse(type_name: str, raw: str):

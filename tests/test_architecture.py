@@ -1,8 +1,11 @@
 """The layering of the tree: client -> ragkv -> workers -> kvstore, no import circles, small modules.
 
-Every import in every project module counts, function-level (lazy) ones included; only imports under
-`if TYPE_CHECKING:` are left out (they never run). A package's own `__init__` importing its modules,
-or a module importing its own package, is not an edge between two modules.
+Every import in every project module counts: function-level (lazy) ones and those under `if TYPE_CHECKING:`
+(a type-only dependency is still a dependency). A package's `__init__` is a module of its own: the
+package importing its modules are edges, and so is a module importing a name from its own package.
+Importing a module does not count as importing the packages above it (their `__init__`s).
+
+research/ (the studies and the plug-ins no default uses) is beside the product: no product module imports it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ LAYERS = {"kvstore": 0, "workers": 1, "ragkv": 2, "client": 3}  # a module impor
 MAY_IMPORT_UP = {("ragkv.commands", "client"), ("ragkv.bench", "client")}  # the CLI and the benches use the SDK
 GENERATED = ("ragkv.v1",)  # protoc output
 MAX_LINES = 450
+RESEARCH = ("research", "ragkv_research")  # research/'s top-level names (research/pyproject.toml)
+# Import circles other engineers are removing now, each a frozenset of its modules: the lead empties this.
+CIRCLES_BEING_REMOVED: tuple[frozenset[str], ...] = ()
 
 
 def _modules() -> dict[str, Path]:
@@ -31,23 +37,9 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _import_nodes(tree: ast.AST):
-    """Every Import/ImportFrom, at any depth, except inside `if TYPE_CHECKING:`."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        children = list(ast.iter_child_nodes(node))
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            children = node.orelse
-        stack.extend(children)
+    """Every Import/ImportFrom, at any depth (in functions, under `if TYPE_CHECKING:`, ...)."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def _project_module(name: str) -> str | None:
@@ -57,30 +49,27 @@ def _project_module(name: str) -> str | None:
     return name or None
 
 
-def _imports(module: str) -> set[str]:
+def _targets(module: str) -> list[str]:
+    """Every dotted name `module` imports: `from pkg import mod` imports the module pkg.mod, `from mod import
+    name` imports mod."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = set()
+    targets = []
     for node in _import_nodes(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        else:
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
-        for target in targets:
-            resolved = _project_module(target)
-            if resolved and resolved != module and not _own_package(module, resolved):
-                found.add(resolved)
-    return found
+            targets += [a.name for a in node.names]
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            base = ".".join(anchor + ([base] if base else []))
+        targets += [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+    return targets
 
 
-def _own_package(a: str, b: str) -> bool:
-    """True when one is a package containing the other (its __init__ does not count as a separate module)."""
-    return a.startswith(b + ".") or b.startswith(a + ".")
+def _imports(module: str) -> set[str]:
+    return {resolved for target in _targets(module)
+            if (resolved := _project_module(target)) and resolved != module}
 
 
 GRAPH = {m: _imports(m) for m in MODULES if not m.startswith(GENERATED)}
@@ -125,14 +114,55 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycles():
-    cycle = _find_cycle(GRAPH)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected part of the graph (every circle, not only the first found)."""
+    circles, rest = [], dict(graph)
+    while (cycle := _find_cycle(rest)) is not None:
+        part = _reachable(rest, cycle[0]) & {m for m in rest if cycle[0] in _reachable(rest, m)}
+        circles.append(cycle)
+        rest = {m: out - part for m, out in rest.items() if m not in part}
+    return circles
 
 
-def test_cycle_finder_finds_one():
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, stack = {start}, [start]
+    while stack:
+        for nxt in graph.get(stack.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def test_no_import_circles():
+    circles = [c for c in _circles(GRAPH) if frozenset(c) not in CIRCLES_BEING_REMOVED]
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_walk_sees_lazy_type_only_and_package_edges():
+    """Edges the circle test relies on: a function-level import, a type-only one, and a package __init__."""
+    assert "workers.eviction.policies" in GRAPH["workers.requests"]  # lazy (policy_names)
+    assert "workers.eviction.policies" in GRAPH["workers.eviction"]  # the package imports its module
+    typed = {m for m, path in MODULES.items() if "if TYPE_CHECKING:" in path.read_text() and m in GRAPH}
+    assert typed and all(GRAPH[m] for m in typed)
+
+
+def test_cycle_finder_finds_one_per_part():
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+    circles = _circles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c", "a"}, "e": {"e"}})
+    assert sorted(map(frozenset, circles), key=sorted) == [{"a", "b"}, {"c", "d"}, {"e"}]
+
+
+def test_no_product_module_imports_research():
+    """Neither by an import statement nor by a module name in a string (importlib)."""
+    bad = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        names = _targets(module) + [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)  # importlib
+                                    and isinstance(n.value, str) and n.value.split(".")[0] == "ragkv_research"]
+        bad += [f"{module} -> {name}" for name in names if name.split(".")[0] in RESEARCH]
+    assert not bad, "product modules that import research:\n" + "\n".join(bad)
 
 
 def test_hand_written_modules_stay_small():

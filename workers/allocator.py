@@ -3,7 +3,7 @@
 A CPU prefill allocates and frees tens of megabytes per layer (activations; blend's fused cache is
 about 50 MB for 2k tokens). glibc serves allocations over its mmap threshold with fresh mappings
 and unmaps them on free, so every request touches new pages: a page fault and the kernel's zeroing
-for every 4 KiB. Measured side by side in one process on the 2-core CPU box (docs/blend.md, "Selection methods"), that
+for every 4 KiB. Measured side by side in one process on the 2-core CPU box (research/blend.md, "Selection methods"), that
 was about 20% of a 2k-token full prefill and of plain reuse's time. Raising the mmap and trim
 thresholds keeps those pages for the next request, which is what preloading jemalloc or tcmalloc
 does for PyTorch CPU serving. One arena, so the scheduler thread allocates from the main heap

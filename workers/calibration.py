@@ -30,17 +30,18 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+from workers.blend import BlendConfig
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
-from workers.context_drift import drift_for
+from workers.chunk_source import PREFIX_CODEC
 from workers.generate import SamplingParams, decode
 from workers.key_plan import codec_for_model
 from workers.model import beside_model, write_record
+from workers.modes import plan_for
+from workers.pipeline import HeldChunks, run_prefill
 from workers.prompt import build_prompt
 
-CALIBRATION_VERSION = 2  # 2: blend shifts stored chunks by the model's context drift first
-PREFIX_CODEC = "fp16"  # as the engine keeps the system-prompt prefix
+CALIBRATION_VERSION = 3  # 3: the one prefill pipeline, an exact prefix, the product's selection methods
 
 
 class CalibrationPrompt(Protocol):
@@ -69,20 +70,17 @@ class Score:
     families: dict[str, float] = field(default_factory=dict)  # family -> accuracy
 
 
-def default_candidates(drift: bool = False) -> list[BlendConfig]:
-    """Methods x ratios swept by `ragkv calibrate` (cheapest first within a method); `drift`: each also with
-    the drift repair (opt-in: it loses the answer chunk on the blend bench's set, docs/blend.md "Key drift")."""
+def default_candidates() -> list[BlendConfig]:
+    """Methods x ratios swept by `ragkv calibrate` (cheapest first within a method)."""
     ratios = (0.05, 0.1, 0.15, 0.2, 0.3, 0.45)
-    methods = ("deviation", "gradual", "legolink", "legolink-deviation", "attention", "legolink-attention", "strided")
-    drifts = (False, True) if drift else (False,)
-    return [BlendConfig(recompute_ratio=r, method=m, drift=d) for m in methods for d in drifts for r in ratios]
+    return [BlendConfig(recompute_ratio=r, method=m) for m in ("deviation", "gradual") for r in ratios]
 
 
 def config_key(config: BlendConfig) -> str:
-    """A stable name for a candidate: METHOD@RATIO[:drift] plus any other non-default parameter."""
+    """A stable name for a candidate: METHOD@RATIO plus any other non-default parameter."""
     defaults = asdict(BlendConfig())
     extra = [f"{k}={v}" for k, v in asdict(config).items()
-             if k not in ("method", "recompute_ratio", "drift") and v != defaults[k]]
+             if k not in ("method", "recompute_ratio") and v != defaults[k]]
     return config.name + (f"[{','.join(extra)}]" if extra else "")
 
 
@@ -124,9 +122,8 @@ class _Prepared:
         self.kvs = [chunk_store.as_stored(compute_chunk(runner, c, chunk_form))[1] for c in chunks]
         self.chunk_form = chunk_form
         n = self.layout.num_tokens
-        ids = torch.tensor(self.layout.token_ids, device=runner.device)
-        cache = KVCache.empty(runner.shape.num_layers)
-        first = runner.forward(ids, torch.arange(n, device=runner.device), cache)
+        prefilled = run_prefill(runner, self.layout, plan_for("full", BlendConfig()))
+        cache, first = prefilled.cache, prefilled.logits
         self.full = list(decode(runner, cache, first, n, SamplingParams(max_new_tokens=prompt.max_new_tokens)))
         _truncate(cache, n)
         self.full_rows = torch.log_softmax(_forced_rows(runner, cache, first, self.full, n), dim=-1)
@@ -136,9 +133,9 @@ class _Prepared:
 
         Greedy decoding, done the cheap way: one teacher-forced pass over full's answer finds the
         first step where this cache's argmax leaves it; only from there on is it decoded token by token."""
-        cache, computed = fuse_chunks(runner, self.layout, self.prefix, self.kvs)
-        drift = drift_for(runner, config, self.chunk_form, reuse)
-        first, stats = blend_prefill(runner, self.layout, cache, computed, config, reuse=reuse, drift=drift)
+        plan = plan_for("reuse" if reuse else "blend", config)
+        out = run_prefill(runner, self.layout, plan, HeldChunks(self.prefix, self.kvs), self.chunk_form)
+        cache, first, cost = out.cache, out.logits, out.stats.compute_fraction
         n, full = self.layout.num_tokens, self.full
         rows = _forced_rows(runner, cache, first, full, n)  # row i predicts answer token i
         logp = torch.log_softmax(rows, dim=-1)
@@ -146,11 +143,11 @@ class _Prepared:
         steps = rows.argmax(dim=-1).tolist()
         diverge = next((i for i, (a, b) in enumerate(zip(steps, full)) if a != b), len(full))
         if diverge == len(full) and (len(full) == self.prompt.max_new_tokens or steps[-1] in runner.stop_token_ids):
-            return Outcome(list(full), stats["compute_fraction"], kl)
+            return Outcome(list(full), cost, kl)
         _truncate(cache, n + diverge)  # back to the prompt plus the agreeing part of the answer
         params = SamplingParams(max_new_tokens=self.prompt.max_new_tokens - diverge)
         tail = list(decode(runner, cache, rows[diverge], n + diverge, params))
-        return Outcome(list(full[:diverge]) + tail, stats["compute_fraction"], kl)
+        return Outcome(list(full[:diverge]) + tail, cost, kl)
 
 
 def _score(rows: list[tuple[str, bool, bool, float, float]]) -> Score:
@@ -223,22 +220,25 @@ def choose(scores: dict[str, Score], target: Target) -> tuple[str, bool]:
 # -- storing ---------------------------------------------------------------------
 
 
-def calibration_path(runner, codec: str) -> Path:
-    return beside_model(runner, f"ragkv-calibration-{codec}.json", "calibration")
+def calibration_path(runner, codec: str, namespace: str = "") -> Path:
+    """The model's record for `codec` (and `namespace`: `ragkv calibrate --requests --namespace`)."""
+    space = f"-ns-{hashlib.sha256(namespace.encode()).hexdigest()[:12]}" if namespace else ""
+    return beside_model(runner, f"ragkv-calibration-{codec}{space}.json", "calibration")
 
 
-def _digest(value) -> str:
+def digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _prompts_digest(prompts: Sequence[CalibrationPrompt]) -> str:
-    return _digest([[p.family, p.system_prompt, list(p.chunks), p.question, p.max_new_tokens] for p in prompts])
+    return digest([[p.family, p.system_prompt, list(p.chunks), p.question, p.max_new_tokens] for p in prompts])
 
 
 def load_calibration(runner, codec: str, path: Path | None = None,
-                     chunk_form: str = DEFAULT_CHUNK_FORM) -> dict | None:
-    """The stored record for this model, codec and chunk form, or None (absent, unreadable, other model)."""
-    path = path or calibration_path(runner, codec)
+                     chunk_form: str = DEFAULT_CHUNK_FORM, namespace: str = "") -> dict | None:
+    """The stored record for this model, codec, chunk form (and namespace), or None (absent, unreadable,
+    other model)."""
+    path = path or calibration_path(runner, codec, namespace)
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -262,7 +262,7 @@ def calibrate(runner, prompts: Sequence[CalibrationPrompt], codec: str, candidat
     inputs is returned as is unless `force`."""
     candidates = list(candidates or default_candidates())
     inputs = {"codec": codec, "target": asdict(target), "split": split, "prompts": _prompts_digest(prompts),
-              "candidates": _digest([asdict(c) for c in candidates]), "chunk_form": chunk_form}
+              "candidates": digest([asdict(c) for c in candidates]), "chunk_form": chunk_form}
     path = path or calibration_path(runner, codec)
     stored = load_calibration(runner, codec, path, chunk_form)
     if stored is not None and stored.get("inputs") == inputs and not force:

@@ -12,9 +12,9 @@ moved back to positions 0..n-1, so the stored form and fusing are the same for e
             then exact.
     doc     the lead-in, then a bland earlier document and the separator: the chunk is computed
             as the second document of a prompt, which is where all but the first chunk of a RAG
-            prompt sit (docs/blend.md, "Chunk forms").
+            prompt sit (research/blend.md, "Chunk forms").
 
-The default, `doc`, was chosen on the quality suite's dev split (docs/blend.md, "Chunk forms"). The
+The default, `doc`, was chosen on the quality suite's dev split (research/blend.md, "Chunk forms"). The
 form changes the bytes, so it is part of what a block is addressed by and verified against:
 `chunk_fingerprint` extends the model fingerprint with it (a hash of the form's lead token ids),
 and a block computed in another form is never read as this one.

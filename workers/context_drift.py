@@ -112,16 +112,6 @@ def context_drift(runner, form: str = DEFAULT_CHUNK_FORM) -> ContextDrift:
     return _DRIFTS[key]
 
 
-def drift_for(runner, config, form: str = DEFAULT_CHUNK_FORM, reuse: bool = False,
-              shift: bool | None = None) -> ContextDrift | None:
-    """What blend_prefill is given for `config` (a BlendConfig) and its `shift`: the model's drift when the run
-    shifts (shift=True: always; None: when the config shifts and the run is not plain reuse), else None (nothing
-    read or measured)."""
-    if shift is None:
-        shift = config.context_drift and not reuse
-    return context_drift(runner, form) if shift else None
-
-
 def _measure_record(runner, form: str) -> dict:
     drift = measure(runner, form)
     return {"keys": drift.keys.tolist(), "values": drift.values.tolist()}

@@ -3,14 +3,25 @@
 Every chunk is tokenized on its own, so a chunk's token ids (and its content
 address) do not depend on its neighbours, and every mode runs on exactly the
 same prompt_token_ids.
+
+The general form (`build_turns_prompt`, used by the OpenAI-compatible API) is a conversation whose
+user messages are sequences of pieces joined by "\\n\\n": a piece is text (tokenized on its own,
+computed) or a stored chunk's token ids (served from the store). The gRPC layout is the one-turn
+case: [system], user = [chunk_1, ..., chunk_N, question].
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Sequence, Union
 
 _SENTINEL = "\x00RAGKV_USER_CONTENT\x00"
+_TURN_SENTINEL = "\x00RAGKV_USER_{}\x00"
+_TURN_RE = re.compile("\x00RAGKV_USER_[0-9]+\x00")
 SEPARATOR = "\n\n"
+
+Piece = Union[str, Sequence[int]]  # text (computed) or a stored chunk's token ids
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,13 @@ class PromptLayout:
         return self.token_ids[self.suffix_start:]
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One message: a user message's content is pieces; any other role's is text the template renders."""
+    role: str
+    pieces: tuple[Piece, ...]
+
+
 def template_parts(tokenizer, system_prompt: str) -> tuple[str, str]:
     """Text of the chat template before and after the user content."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
@@ -43,17 +61,51 @@ def template_parts(tokenizer, system_prompt: str) -> tuple[str, str]:
 
 
 def build_prompt(tokenizer, system_prompt: str, chunks: list[list[int]], question: str) -> PromptLayout:
-    def ids(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    turns = [Turn("system", (system_prompt,))] if system_prompt else []
+    turns.append(Turn("user", (*chunks, question)))
+    return build_turns_prompt(tokenizer, turns)
 
-    prefix_text, suffix_text = template_parts(tokenizer, system_prompt)
-    token_ids = ids(prefix_text)
+
+def template_texts(tokenizer, turns: Sequence[Turn]) -> list[str]:
+    """The chat template's text around the user messages' contents: [before the first, between, ..., after
+    the last] (one more than there are user messages)."""
+    messages, users = [], 0
+    for turn in turns:
+        if turn.role == "user":
+            messages.append({"role": "user", "content": _TURN_SENTINEL.format(users)})
+            users += 1
+        else:
+            messages.append({"role": turn.role, "content": "".join(p for p in turn.pieces if isinstance(p, str))})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    parts = _TURN_RE.split(text)
+    if len(parts) != users + 1:
+        raise ValueError(f"the chat template rendered {len(parts) - 1} of {users} user messages")
+    return parts
+
+
+def build_turns_prompt(tokenizer, turns: Sequence[Turn], template: bool = True) -> PromptLayout:
+    """The layout of a conversation. The exact prefix (`prefix_len`) is the template up to the FIRST user
+    content, so it stays one block per system prompt however long the conversation; earlier turns are
+    computed text; every chunk piece of any user message is a chunk span. `template=False`: one user
+    turn, no template (a plain completion prompt; prefix_len 0)."""
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    users = [t for t in turns if t.role == "user"]
+    texts = template_texts(tokenizer, turns) if template else ["", ""]
+    token_ids = ids(texts[0])
     prefix_len = len(token_ids)
     separator = ids(SEPARATOR)
     spans = []
-    for chunk in chunks:
-        spans.append((len(token_ids), len(token_ids) + len(chunk)))
-        token_ids += chunk + separator
+    for turn, after in zip(users, texts[1:]):
+        for i, piece in enumerate(turn.pieces):
+            if i:
+                token_ids += separator
+            if isinstance(piece, str):
+                token_ids += ids(piece)
+            else:
+                spans.append((len(token_ids), len(token_ids) + len(piece)))
+                token_ids += list(piece)
+        token_ids += ids(after)
     suffix_start = spans[-1][1] if spans else prefix_len
-    token_ids += ids(question) + ids(suffix_text)
     return PromptLayout(token_ids=token_ids, prefix_len=prefix_len, chunk_spans=spans, suffix_start=suffix_start)

@@ -23,6 +23,12 @@ def is_chunk_id(text: str) -> bool:
     return bool(CHUNK_ID_RE.match(text))
 
 
+def known_mode(name: str) -> bool:
+    from workers.modes import PREFILL_MODES
+
+    return name in PREFILL_MODES
+
+
 def mode_names() -> tuple[str, ...]:
     """Every registered prefill mode (workers.modes.PREFILL_MODES, imported when first needed)."""
     from workers.modes import PREFILL_MODES
@@ -89,6 +95,58 @@ class CompressionSpec:
                 "sink_tokens": self.sink_tokens, "window": self.window}
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+MAX_MESSAGES = 256
+MAX_MESSAGE_CHARS = 64_000
+MAX_CONVERSATION_CHARS = 128_000  # all messages together
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # system | user | assistant
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation rendered by the model's chat template (or, `template=False`, one plain prompt).
+
+    `documents` (chunk texts or stored chunk ids) go into the last user message before its text, as
+    in the gRPC layout; `discover`: ingested chunks pasted into a user message are served from the
+    store (workers/discovery.py)."""
+    messages: tuple[ChatMessage, ...]
+    documents: tuple[str, ...] = ()
+    discover: bool = True
+    template: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "messages", tuple(self.messages))
+        object.__setattr__(self, "documents", tuple(self.documents))
+        if not self.messages:
+            raise InvalidArgument("messages", "at least one message is required")
+        if len(self.messages) > MAX_MESSAGES:
+            raise InvalidArgument("messages", f"at most {MAX_MESSAGES} messages, got {len(self.messages)}")
+        for i, m in enumerate(self.messages):
+            if m.role not in CHAT_ROLES:
+                raise InvalidArgument(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)}, got {m.role!r}")
+            if len(m.content) > MAX_MESSAGE_CHARS:
+                raise InvalidArgument(f"messages[{i}].content", f"longer than {MAX_MESSAGE_CHARS} characters")
+        if sum(len(m.content) for m in self.messages) > MAX_CONVERSATION_CHARS:
+            raise InvalidArgument("messages", f"longer than {MAX_CONVERSATION_CHARS} characters in all")
+        users = [m for m in self.messages if m.role == "user"]
+        if not users:
+            raise InvalidArgument("messages", "at least one user message is required")
+        if not self.documents and not any(m.content.strip() for m in users):
+            raise InvalidArgument("messages", "the user messages are empty")
+        if len(self.documents) > MAX_CHUNKS:
+            raise InvalidArgument("documents", f"at most {MAX_CHUNKS} documents per request, got {len(self.documents)}")
+        for i, doc in enumerate(self.documents):
+            if not doc or not doc.strip():
+                raise InvalidArgument(f"documents[{i}]", "must not be empty")
+            if len(doc) > MAX_CHUNK_CHARS:
+                raise InvalidArgument(f"documents[{i}]", f"longer than {MAX_CHUNK_CHARS} characters")
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     question: str
@@ -102,9 +160,15 @@ class GenerateRequest:
     top_p: float = 1.0
     seed: int | None = None
     namespace: str = ""
+    chat: ChatPrompt | None = None  # an OpenAI-style prompt instead of question + chunks (workers/chat_prompt.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunks", tuple(self.chunks))
+        if self.chat is None:
+            self._check_question_and_chunks()
+        self._check_settings()
+
+    def _check_question_and_chunks(self) -> None:
         if not self.question or not self.question.strip():
             raise InvalidArgument("question", "must not be empty")
         if len(self.question) > MAX_QUESTION_CHARS:
@@ -118,11 +182,12 @@ class GenerateRequest:
                 raise InvalidArgument(f"chunks[{i}]", "must not be empty")
             if len(chunk) > MAX_CHUNK_CHARS:
                 raise InvalidArgument(f"chunks[{i}]", f"longer than {MAX_CHUNK_CHARS} characters")
+
+    def _check_settings(self) -> None:
         if len(self.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
             raise InvalidArgument("system_prompt", f"longer than {MAX_SYSTEM_PROMPT_CHARS} characters")
-        modes = mode_names()
-        if self.mode not in modes:
-            raise InvalidArgument("mode", f"unknown mode {self.mode!r}; expected one of {', '.join(modes)}")
+        if not known_mode(self.mode):  # a registry lookup: a plug-in's mode (research/) counts when installed
+            raise InvalidArgument("mode", f"unknown mode {self.mode!r}; expected one of {', '.join(mode_names())}")
         if self.recompute_ratio is not None and not (
                 isinstance(self.recompute_ratio, (int, float)) and 0.0 <= self.recompute_ratio <= 1.0):
             raise InvalidArgument("recompute_ratio", f"must be in [0, 1], got {self.recompute_ratio}")

@@ -144,12 +144,8 @@ class ModelRunner:
         return q, k, v.transpose(0, 1)
 
     def layer_forward(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                      slots: torch.Tensor | None = None, observer: AttentionObserver | None = None,
-                      repair: Callable[[int, LayerKV], None] | None = None) -> torch.Tensor:
-        """One decoder layer. New K/V are appended to the cache, or written over `slots` [S] when given.
-
-        repair(layer, kv) may change the cached K/V after the new entries are written and before the
-        layer attends (blend's key-drift repair, workers/drift.py)."""
+                      slots: torch.Tensor | None = None, observer: AttentionObserver | None = None) -> torch.Tensor:
+        """One decoder layer. New K/V are appended to the cache, or written over `slots` [S] when given."""
         block = self.layers[layer]
         q, k, v = self.qkv(layer, block.input_layernorm(hidden), positions)
         if slots is None:
@@ -158,8 +154,6 @@ class ModelRunner:
             kv = cache.layers[layer]
             kv.keys[:, slots] = k
             kv.values[:, slots] = v
-        if repair is not None:
-            repair(layer, kv)
         if observer is not None:
             observer(layer, q, positions, kv)
         out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask)

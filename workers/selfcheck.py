@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+from workers.blend import BlendConfig
 from workers.cache import KVCache
-from workers.context_drift import drift_for
+from workers.modes import plan_for
+from workers.pipeline import HeldChunks, run_prefill
 from workers.prompt import build_prompt
 from workers.rope import rerotate_keys
 
@@ -56,17 +57,14 @@ def check_rerotation(runner, delta: int = 137, tolerance: float = 1e-4) -> Check
     return CheckResult("rerotation", _relative(moved, target), tolerance, f"delta={delta}, {len(token_ids)} tokens")
 
 
-def _blend_logits(runner, ratio: float, reuse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _blend_logits(runner, ratio: float, mode: str = "blend") -> tuple[torch.Tensor, torch.Tensor]:
+    """(`mode`'s logits at `ratio` through the prefill pipeline, full prefill's logits) on a three-chunk prompt."""
     chunks = [runner.tokenize(text) for text in CHECK_TEXTS]
     layout = build_prompt(runner.tokenizer, "", chunks, "What did the lighthouse keeper count?")
-    prefix = runner.chunk_kv(layout.prefix_ids)
-    cache, computed = fuse_chunks(runner, layout, prefix, [runner.chunk_kv(c) for c in chunks])
-    config = BlendConfig(recompute_ratio=ratio)  # with the model's context drift, as blend runs by default
-    drift = drift_for(runner, config, reuse=reuse)
-    logits, _ = blend_prefill(runner, layout, cache, computed, config, reuse=reuse, drift=drift)
-    full_cache = KVCache.empty(runner.shape.num_layers)
-    ids = torch.tensor(layout.token_ids, device=runner.device)
-    full = runner.forward(ids, torch.arange(layout.num_tokens, device=runner.device), full_cache)
+    held = HeldChunks(runner.chunk_kv(layout.prefix_ids), [runner.chunk_kv(c) for c in chunks])
+    # with the model's context drift, as blend runs by default
+    logits = run_prefill(runner, layout, plan_for(mode, BlendConfig(recompute_ratio=ratio)), held).logits
+    full = run_prefill(runner, layout, plan_for("full", BlendConfig())).logits
     return logits, full
 
 
@@ -79,7 +77,7 @@ def check_full_ratio(runner, tolerance: float = 1e-3) -> CheckResult:
 @torch.inference_mode()
 def check_zero_ratio(runner, tolerance: float = 1e-3) -> CheckResult:
     blended, _ = _blend_logits(runner, 0.0)
-    reused, _ = _blend_logits(runner, 0.0, reuse=True)
+    reused, _ = _blend_logits(runner, 0.0, mode="reuse")
     return CheckResult("ratio_0_equals_reuse", _relative(blended, reused), tolerance, "relative max |logit diff|")
 
 

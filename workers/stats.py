@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from kvstore.stats import StatsView, StoreStats
+from workers.sequences import SequenceCounters
 
 
 @dataclass
@@ -37,6 +38,9 @@ class BatchStats:
     step_s: float = 0.0  # duration of the last decode step
     waiting: int = 0  # requests queued for a place in the batch
     running: int = 0  # requests in the batch
+    background_done: int = 0  # idle-time jobs (exact sequence prefills, shadow checks) finished
+    background_dropped: int = 0  # not queued: the background queue was full
+    background_failed: int = 0
 
     def __add__(self, other: BatchStats) -> BatchStats:
         """RayEngine: the actors' figures added up (the slowest last step)."""
@@ -72,6 +76,8 @@ class EngineStats(StatsView):
     worker: dict | None = None  # one Ray actor's own figures (ChunkWorker.stats): computed, stored, waited, ...
     batch: BatchStats | None = None  # continuous batching (summed over Ray actors)
     chunk_form: str | None = None  # how chunk KV is computed (workers/chunk_forms.py)
+    sequences: SequenceCounters | None = None  # exact reuse of leading chunk runs (workers/sequences.py)
+    shadow: dict | None = None  # shadow verification's agreement per namespace (workers/shadow.py ShadowStats)
 
     def as_dict(self) -> dict:
         out = {"engine": asdict(self.engine), "store": self.store.as_dict(), "model": asdict(self.model),
@@ -84,4 +90,8 @@ class EngineStats(StatsView):
             out["batch"] = asdict(self.batch)
         if self.chunk_form is not None:
             out["chunk_form"] = self.chunk_form
+        if self.sequences is not None:
+            out["sequences"] = asdict(self.sequences)
+        if self.shadow is not None:
+            out["shadow"] = self.shadow
         return out

@@ -20,6 +20,9 @@ from typing import ClassVar
 
 import torch
 
+from kvstore.plugins import HINT
+from kvstore.registry import Registry, add_unique
+
 Shape = tuple[int, int, int, int]  # [layers, kv_heads, tokens, head_dim]
 
 
@@ -82,13 +85,13 @@ class PerTensorCodec(Codec):
         return keys.to(dtype), values.to(dtype)
 
 
-CODECS: dict[str, type[Codec]] = {}
+CODECS: Registry = Registry()  # name -> type[Codec]; plug-ins (research/) may add more
 
 
 def register_codec(cls: type[Codec]) -> type[Codec]:
-    if not cls.name or cls.name in CODECS:
-        raise ValueError(f"codec name {cls.name!r} is empty or taken")
-    CODECS[cls.name] = cls
+    if not cls.name:
+        raise ValueError("a codec needs a name")
+    add_unique(CODECS, "codec", cls.name, cls)
     return cls
 
 
@@ -96,7 +99,7 @@ def make_codec(name: str, **params) -> Codec:
     try:
         cls = CODECS[name]
     except KeyError:
-        raise CodecError(f"unknown codec {name!r}; known: {sorted(CODECS)}") from None
+        raise CodecError(f"unknown codec {name!r}; known: {sorted(CODECS)}; {HINT}") from None
     try:
         return cls(**params)
     except TypeError as e:  # unknown parameter name

@@ -9,10 +9,10 @@ check with transformers' QuantizedCache, found that on the default model the 2-b
 damage is in the keys, so the widths are split: `k4v2` = keys 4-bit, values 2-bit.
 
 One implementation (`KiviCodec` over two `GroupQuant`s); every registered name is a
-small dataclass that fixes its widths. The `h` codecs (`hk4v3`, ...) store pre-RoPE keys, rotate
-the head dimension by a fixed Hadamard matrix (kvstore/codecs/rotation.py) and use longer groups:
-keys share a scale over `key_group` = 128 tokens, values over all `value_group` = 64 channels, so
-the overhead falls from 16 to 6 bytes a token and pays for a bit of the values.
+small dataclass that fixes its widths. The product registers `kivi2`; the other widths (k3v2 ... k4v4)
+and the rotated `h` codecs (pre-RoPE keys, head dimension rotated by a fixed Hadamard matrix,
+kvstore/codecs/rotation.py, longer groups: `key_group` = 128 tokens, `value_group` = 64 channels)
+are research (research/ragkv_research/codecs.py) and register themselves from there.
 
 With `residual` R > 0 (a decode-time cache) the most recent R tokens stay fp16. With `pre_rope`
 the block layer stores the keys before rotary embedding (KVQuant, Hooper et al., 2024): see
@@ -158,29 +158,23 @@ class KiviCodec(Codec):
         return torch.cat((k, k_res.to(dtype)), dim=2), torch.cat((v, v_res.to(dtype)), dim=2)
 
 
-def _widths(name: str, key_bits: int, value_bits: int, pre_rope: bool, doc: str, **defaults) -> type[KiviCodec]:
-    """Register the KIVI-layout codec `name`: a KiviCodec subclass that fixes the widths and the
-    defaults of pre_rope and of any other field given in `defaults`."""
+def widths_codec(name: str, key_bits: int, value_bits: int, pre_rope: bool, doc: str, module: str = __name__,
+                 **defaults) -> type[KiviCodec]:
+    """A KIVI-layout codec class `name` (not registered): a KiviCodec subclass that fixes the widths and
+    the defaults of pre_rope and of any other field given in `defaults`. `module`: the module that binds
+    the class to NAME.upper() (pickling finds it there)."""
     defaults = {"pre_rope": pre_rope, **defaults}
     cls = type(name.upper(), (KiviCodec,), {
-        "__doc__": doc, "__module__": __name__, "__qualname__": name.upper(),
+        "__doc__": doc, "__module__": module, "__qualname__": name.upper(),
         "__annotations__": {k: KiviCodec.__dataclass_fields__[k].type for k in defaults},
         "name": name, "key_bits": key_bits, "value_bits": value_bits, **defaults})
-    return register_codec(dataclass(frozen=True)(cls))
+    return dataclass(frozen=True)(cls)
 
 
-def _rotated(name: str, key_bits: int, value_bits: int, doc: str) -> type[KiviCodec]:
-    """A Hadamard-rotated codec with pre-RoPE keys: key groups of 128 tokens, one value group of 64 channels."""
-    return _widths(name, key_bits, value_bits, True, doc, key_group=128, value_group=64, rotate=True)
+def register_widths(*args, **kwargs) -> type[KiviCodec]:
+    """`widths_codec(...)`, registered (research/ registers the other widths from its own module)."""
+    return register_codec(widths_codec(*args, **kwargs))
 
 
-Kivi2 = _widths("kivi2", 2, 2, False, "KIVI's 2-bit keys and values: available, not the default (2-bit keys cost answers).")
-K3V2 = _widths("k3v2", 3, 2, False, "Keys 3-bit per channel, values 2-bit per token.")
-K3V3 = _widths("k3v3", 3, 3, False, "Keys and values 3-bit.")
-K4V2 = _widths("k4v2", 4, 2, False, "Keys 4-bit per channel, values 2-bit per token (0.25 of fp16 at D = 64).")
-K4V3 = _widths("k4v3", 4, 3, False, "Keys 4-bit, values 3-bit.")
-K4V4 = _widths("k4v4", 4, 4, False, "Keys and values 4-bit, in the KIVI layout.")
-HK3V4 = _rotated("hk3v4", 3, 4, "Rotated; keys 3-bit over 128-token groups, values 4-bit (0.24 of fp16 at D = 64).")
-HK4V2 = _rotated("hk4v2", 4, 2, "Rotated; keys 4-bit over 128-token groups, values 2-bit (0.21 of fp16 at D = 64).")
-HK4V3 = _rotated("hk4v3", 4, 3, "Rotated; keys 4-bit over 128-token groups, values 3-bit (0.24 of fp16 at D = 64).")
-HK4V4 = _rotated("hk4v4", 4, 4, "Rotated; keys and values 4-bit (0.27 of fp16 at D = 64).")
+Kivi2 = register_widths("kivi2", 2, 2, False,
+                        "KIVI's 2-bit keys and values: available, not the default (2-bit keys cost answers).")

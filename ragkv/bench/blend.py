@@ -15,9 +15,7 @@ import torch
 from tqdm import tqdm
 
 from kvstore.codecs import codec_from_spec
-from ragkv.bench.divergence import kl_rows, teacher_forced
 from ragkv.bench.rag_dataset import make_queries
-from workers.blend import BlendConfig
 from workers.cache import KVCache
 from workers.generate import SamplingParams, decode
 from workers.modes import PREFILL_MODES as MODES
@@ -96,8 +94,14 @@ def _generate(engine, query, label: str, setting, max_new_tokens: int):
         engine.blend_setting = saved
 
 
+def median_parts(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Per stage, the median seconds over the requests (0 where a request skipped the stage)."""
+    stages = list(dict.fromkeys(stage for row in rows for stage in row))
+    return {stage: statistics.median(row.get(stage, 0.0) for row in rows) for stage in stages}
+
+
 def parse_setting(name: str):
-    """`METHOD@RATIO[:drift|:nodrift]` (as `blend:METHOD@RATIO` in the quality suite) -> BlendConfig."""
+    """`METHOD@RATIO[:shift|:noshift]` (as `blend:METHOD@RATIO` in the quality suite) -> BlendConfig."""
     from ragkv.bench.quality.configs import parse_config
 
     return parse_config("blend:" + name.removeprefix("blend:")).blend_config()
@@ -114,6 +118,8 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
     correct = {mode: 0 for mode in labels}
     agree = {mode: 0 for mode in labels}
     prompt_tokens = []
+    parts = {mode: [] for mode in labels}  # per query: the request's time breakdown (stage -> seconds)
+    fractions = {mode: [] for mode in labels}  # per query: token-layers run / a full prefill's
     round_trip = partial(stored_through, codec_from_spec(engine.config.codec), inv_freq=engine.runner.inv_freq)
     codec_only = {"correct": 0, "agree": 0}
     bar = tqdm(total=len(queries) * (2 + len(labels)), desc=f"blend bench N={num_chunks}", disable=not progress)
@@ -124,6 +130,8 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
         for mode in labels:
             result = _generate(engine, query, mode, settings.get(mode), max_new_tokens)
             ttft[mode].append(result.ttft_s)
+            parts[mode].append(result.stats.get("breakdown", {}))
+            fractions[mode].append(result.stats.get("compute_fraction", 1.0))
             answers[mode] = extract_answer(result.text)
             correct[mode] += query.answer in result.text
             bar.update()
@@ -148,6 +156,8 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
         # the same ratio taken per query, then the median: steadier when the shared box drifts during a run
         "speedup_paired": {mode: statistics.median(f / t for f, t in zip(ttft["full"], ttft[mode])) for mode in labels},
         "accuracy": {mode: correct[mode] / len(queries) for mode in labels},
+        "breakdown": {mode: median_parts(parts[mode]) for mode in labels},
+        "compute_fraction": {mode: statistics.mean(fractions[mode]) for mode in labels},
         "agreement_vs_full": {mode: agree[mode] / len(queries) for mode in labels},
         "queries": len(queries),
         # exact full-prefill KV stored through the codec, question recomputed: the cost of codec error alone
@@ -158,13 +168,19 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
 
 def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...] | None = None,
         chunk_tokens: int | None = None, num_queries: int | None = None, codec: str | None = None,
-        model: str = "default", settings: tuple[str, ...] = (), prefill_kernel: str | None = None) -> dict:
+        model: str = "default", settings: tuple[str, ...] = (), prefill_kernel: str | None = None,
+        workload: str = "synthetic") -> dict:
     """The bench JSON (README "Benchmarks", `ragkv bench blend`) for the main setting (8 chunks, or the only one run), plus `runs` for every N.
 
     `blend` runs the engine's setting for requests without a ratio (the stored calibration, else the default);
     `settings` (`METHOD@RATIO` names) add rows measured side by side, labelled `blend:METHOD@RATIO`.
-    codec, prefill_kernel: None = the engine's defaults."""
+    codec, prefill_kernel: None = the engine's defaults. `workload`: same-docs / zipf run ragkv/bench/reuse.py."""
     from workers.engine import Engine, EngineConfig
+
+    if workload != "synthetic":
+        from ragkv.bench import reuse
+
+        return reuse.run(workload, num_queries or (3 if quick else 10), model, codec, prefill_kernel, progress)
 
     codec = codec or EngineConfig.codec
     prefill_kernel = prefill_kernel or EngineConfig.prefill_kernel
@@ -189,48 +205,3 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
             "blend_setting": {"config": setting.name, "source": source}, "max_new_tokens": 24,
             "agreement_definition": "same extracted answer as full (first 5-digit code, else first line)",
             "runs": runs}
-
-
-def tune(num_queries: int = 8, num_chunks: int = 4, chunk_tokens: int = 128, codec: str = "kivi2",
-         check_layers: tuple[int, ...] = (1, 2, 4), measures: tuple[str, ...] = ("k", "v", "kv"),
-         ratio: float = BlendConfig.recompute_ratio, progress: bool = True) -> dict:
-    """Which check layer and deviation measure keep blend closest to full? Mean teacher-forced KL vs full."""
-    from kvstore.kv import ChunkKV
-    from workers.blend import blend_prefill, fuse_chunks
-    from workers.runner import ModelRunner
-
-    runner = ModelRunner.load()
-    quantizer = codec_from_spec(codec)
-
-    def stored(kv: ChunkKV) -> ChunkKV:
-        return ChunkKV(*stored_through(quantizer, kv.keys, kv.values, runner.inv_freq), kv.token_ids)
-
-    queries = make_queries(num_queries, num_chunks, chunk_tokens, lambda t: len(runner.tokenize(t)), seed=123)
-    configs = [(layer, measure) for layer in check_layers for measure in measures]
-    kl = {f"layer{layer}-{measure}": [] for layer, measure in configs}
-    kl["reuse"] = []
-    for query in tqdm(queries, desc="blend tuning", disable=not progress):
-        chunks = [runner.tokenize(c) for c in query.chunks]
-        layout = build_prompt(runner.tokenizer, "", chunks, query.question)
-        ids = torch.tensor(layout.token_ids, device=runner.device)
-        n = layout.num_tokens
-        full_cache = KVCache.empty(runner.shape.num_layers)
-        full_first = runner.forward(ids, torch.arange(n, device=runner.device), full_cache)
-        answer = list(decode(runner, full_cache, full_first, n, SamplingParams(max_new_tokens=16)))
-        if not answer:
-            continue
-        # one pass over prompt + answer gives full's logits at every answer step
-        with_answer = torch.cat([ids, torch.tensor(answer[:-1], device=runner.device, dtype=ids.dtype)])
-        reference = runner.forward(with_answer, torch.arange(len(with_answer), device=runner.device),
-                                   KVCache.empty(runner.shape.num_layers), last_only=False)[n - 1:]
-        prefix = runner.chunk_kv(layout.prefix_ids)
-        kvs = [stored(runner.chunk_kv(c)) for c in chunks]
-        for name, layer, measure in [("reuse", 1, "kv")] + [(f"layer{l}-{m}", l, m) for l, m in configs]:
-            cache, computed = fuse_chunks(runner, layout, prefix, kvs)
-            first, _ = blend_prefill(runner, layout, cache, computed, BlendConfig(ratio, layer, measure),
-                                     reuse=name == "reuse")
-            later = [teacher_forced(runner, cache, answer, n)] if len(answer) > 1 else []
-            logits = torch.cat([first.reshape(1, -1), *later])
-            kl[name].append(float(kl_rows(reference, logits).mean()))
-    return {"codec": codec, "recompute_ratio": ratio, "chunks": num_chunks, "chunk_tokens": chunk_tokens,
-            "queries": num_queries, "mean_kl_vs_full": {k: statistics.mean(v) for k, v in kl.items() if v}}

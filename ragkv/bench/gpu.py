@@ -221,8 +221,8 @@ def run(quick: bool = False, model: str = "default", tests: bool = True) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ragkv.bench.gpu", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, default=REPO / "docs" / "results" / "gpu.json",
-                        help="write the report here (default docs/results/gpu.json)")
+    parser.add_argument("--json", type=Path, default=REPO / "research" / "results" / "gpu.json",
+                        help="write the report here (default research/results/gpu.json)")
     parser.add_argument("--quick", action="store_true", help="small shapes, 2 blend queries")
     parser.add_argument("--no-tests", action="store_true", help="skip the GPU kernel tests")
     parser.add_argument("--model", default="default")

@@ -21,8 +21,8 @@ from tqdm import tqdm
 from kvstore.backends.memory import MemoryBackend
 from kvstore.store import BlockStore
 from workers.blend import BlendConfig
-from workers.research.lora import AdapterModels, LoraKVStore, adapter_chunk, random_adapter, relative_error_per_layer
-from workers.research.lora.answer import answer
+from workers.lora import AdapterModels, LoraKVStore, adapter_chunk, random_adapter, relative_error_per_layer
+from workers.lora.answer import answer
 from workers.prompt import build_prompt
 from workers.samples import sample_documents, sample_questions
 

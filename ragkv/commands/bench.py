@@ -11,7 +11,7 @@ from ragkv.bench.quality.presets import PRESETS  # names only: no torch
 from ragkv.commands.errors import checked_by
 from workers.projections import prefill_kernel_names
 
-SUITES = ("codecs", "store", "blend", "eviction", "quality", "serve", "lora", "precompute", "load", "codec-study")
+SUITES = ("codecs", "store", "blend", "eviction", "quality", "serve", "lora", "precompute", "load")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,9 +19,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_out", metavar="OUT", help="write the result JSON here")
     parser.add_argument("--quick", action="store_true", help="small version (CI smoke)")
     parser.add_argument("--chunks", type=int, nargs="+", help="blend: chunk counts to run (default 4 8 16)")
-    parser.add_argument("--queries", type=int, help="blend: queries per chunk count")
+    parser.add_argument("--queries", type=int, help="blend: queries per chunk count (per workload)")
+    parser.add_argument("--chunk-tokens", type=_positive, help="blend: tokens per chunk (default 256; 128: ~1,100-token "
+                                                                "prompts at 8 chunks)")
+    parser.add_argument("--workload", choices=("synthetic", "same-docs", "zipf"), default="synthetic",
+                        help="blend: synthetic (every mode on fresh queries), same-docs (same documents, another "
+                             "question, through the SDK), zipf (popular chunks leading): with and without the "
+                             "exact sequence tree")
     parser.add_argument("--settings", nargs="+", metavar="METHOD@RATIO", type=_setting,
-                        help="blend: extra blend settings measured side by side (e.g. legolink@0.15)")
+                        help="blend: extra blend settings measured side by side (e.g. deviation@0.15)")
     parser.add_argument("--codec", help="blend, quality: codec of the stored chunks (default: the engine's)")
     parser.add_argument("--model", default="default", help="default or a local HF model directory")
     parser.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
@@ -84,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.suite == "blend":
         kwargs.update(chunk_counts=tuple(args.chunks) if args.chunks else None, num_queries=args.queries,
                       model=args.model, settings=tuple(args.settings or ()), prefill_kernel=args.prefill_kernel,
+                      chunk_tokens=args.chunk_tokens, workload=args.workload,
                       **({"codec": args.codec} if args.codec else {}))
     if args.suite == "quality":
         kwargs.update(split=args.split, families=args.families, per_family=args.per_family,

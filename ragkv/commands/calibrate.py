@@ -1,4 +1,9 @@
-"""`ragkv calibrate [--model default|PATH] [--codec NAME]`: measure which blend setting keeps this model's answers.
+"""`ragkv calibrate [--model default|PATH] [--codec NAME] [--requests FILE [--namespace NS] [--target 0.9]]`:
+measure which blend setting keeps this model's answers.
+
+With `--requests` (JSONL of {question, chunks, system_prompt}: the user's own traffic, no labels), it
+measures the agreement of blend with full at each ratio and stores the smallest ratio that reaches the
+target (workers/traffic.py). Without it:
 
 Runs the quality suite's dev prompts through full prefill, reuse and every candidate selection
 method x ratio (workers/calibration.py), prints the table and stores the cheapest setting that
@@ -11,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from ragkv.commands.errors import checked_by
+from ragkv.commands.errors import checked_by, flag_error
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,9 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=None, type=_methods,
                         help="comma-separated selection methods (default: all)")
     parser.add_argument("--ratios", default=None, type=_ratios, help="comma-separated recompute ratios")
-    parser.add_argument("--drift", action="store_true",
-                        help="also sweep every setting with the drift repair (docs/blend.md, 'Key drift')")
     parser.add_argument("--force", action="store_true", help="measure again even when a result is stored")
+    parser.add_argument("--requests", default=None, type=_existing_file,
+                        help="JSONL of logged requests {question, chunks, system_prompt}: calibrate on them")
+    parser.add_argument("--namespace", default="", help="with --requests: the namespace the ratio is for")
+    parser.add_argument("--target", default=0.9, type=_fraction,
+                        help="with --requests: the agreement with full to reach (default 0.9)")
 
 
 def _check_methods(text: str) -> None:
@@ -39,6 +47,24 @@ def _check_methods(text: str) -> None:
 _methods = checked_by(_check_methods)
 
 
+def _existing_file(text: str) -> str:
+    from pathlib import Path
+
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    return text
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
 def _ratios(text: str) -> str:
     try:
         ratios = [float(r) for r in text.split(",")]
@@ -49,16 +75,14 @@ def _ratios(text: str) -> str:
     return text
 
 
-def candidates(methods: str | None, ratios: str | None, drift: bool = False):
+def candidates(methods: str | None, ratios: str | None):
     from workers.blend import BlendConfig
     from workers.calibration import default_candidates
 
-    configs = default_candidates(drift)
+    configs = default_candidates()
     chosen_methods = methods.split(",") if methods else list(dict.fromkeys(c.method for c in configs))
     chosen_ratios = [float(r) for r in ratios.split(",")] if ratios else sorted({c.recompute_ratio for c in configs})
-    drifts = list(dict.fromkeys(c.drift for c in configs))  # without and with the key-drift repair
-    return [BlendConfig(recompute_ratio=r, method=m, drift=d) for m in chosen_methods for d in drifts
-            for r in chosen_ratios]
+    return [BlendConfig(recompute_ratio=r, method=m) for m in chosen_methods for r in chosen_ratios]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,10 +95,12 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     codec = args.codec or _default_codec()
+    if args.requests:
+        return run_traffic(args, codec, console)
     runner = ModelRunner.load(args.model, device=args.device)
     prompts = make_prompts("dev", lambda text: len(runner.tokenize(text)),
                            args.families.split(",") if args.families else None, per_family=args.per_family)
-    record = calibrate(runner, prompts, codec, candidates(args.methods, args.ratios, args.drift), Target(),
+    record = calibrate(runner, prompts, codec, candidates(args.methods, args.ratios), Target(),
                        force=args.force, progress=lambda line: console.print(line, style="dim"))
     table = Table(title=f"blend calibration: {args.model}, codec {codec}, {len(prompts)} dev prompts")
     for column in ("setting", "accuracy", "agreement vs full", "KL vs full", "compute vs full"):
@@ -86,6 +112,35 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(("reused stored result; " if record["reused"] else "") + record["note"])
     console.print(f"stored at {calibration_path(runner, codec)}")
+    return 0
+
+
+def run_traffic(args: argparse.Namespace, codec: str, console) -> int:
+    from rich.table import Table
+
+    from workers.runner import ModelRunner
+    from workers.traffic import RATIOS, calibrate_traffic, read_requests
+
+    from workers.errors import InvalidArgument
+
+    try:
+        requests = read_requests(args.requests)
+    except InvalidArgument as exc:  # one line, exit 2
+        raise flag_error("calibrate", f"--requests {args.requests}: {exc}") from None
+    ratios = [float(r) for r in args.ratios.split(",")] if args.ratios else RATIOS
+    runner = ModelRunner.load(args.model, device=args.device)
+    record = calibrate_traffic(runner, requests, codec, ratios, args.target, args.namespace,
+                               progress=lambda line: console.print(line, style="dim"))
+    table = Table(title=f"agreement with full on {len(requests)} requests ({args.model}, codec {codec}"
+                        + (f", namespace {args.namespace!r})" if args.namespace else ")"))
+    table.add_column("recompute ratio")
+    table.add_column("answers equal to full")
+    for ratio, agreement in record["agreement_curve"].items():
+        chosen = float(ratio) == record["chosen"]["recompute_ratio"]
+        table.add_row(ratio, f"{agreement:.3f}", style="bold green" if chosen else None)
+    table.add_row("reuse", f"{record['reuse_agreement']:.3f}")
+    console.print(table)
+    console.print(record["note"])
     return 0
 
 

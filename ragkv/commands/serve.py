@@ -1,4 +1,4 @@
-"""`ragkv serve`: the gRPC server."""
+"""`ragkv serve`: the gRPC server (and the OpenAI-compatible HTTP API with --http-port)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 from dataclasses import fields
 
 from kvstore.codecs import CODECS
+from kvstore.plugins import HINT
 from ragkv.commands.errors import flag_error
 from ragkv.config import BATCH_FIELDS, ENGINE_FIELDS, MiB, ServeConfig
 from workers.batching.linear import DECODE_KERNELS
@@ -14,48 +15,66 @@ from workers.chunk_forms import CHUNK_FORMS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    # Defaults are None so that unset flags keep the environment layer (RAGKV_*) or the built-in default.
+    """The flags, in groups. Rarely needed settings (--device, --max-queue, --max-batch-tokens, --retain-memory,
+    --max-message-bytes, --grace) live in the --config file (or RAGKV_*); they stay accepted as flags for
+    existing scripts, not listed. Defaults are None so that unset flags keep the lower layers."""
     d = ServeConfig()
-    p.add_argument("--host", help=f"address to bind (default {d.host})")
-    p.add_argument("--port", type=int, help=f"port to bind; 0 picks a free one (default {d.port})")
-    p.add_argument("--model", help="default (embedded SmolLM2-135M-Instruct) or a local HF model directory")
-    p.add_argument("--store", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
-    p.add_argument("--codec", choices=sorted(CODECS),
-                   help=f"KV codec (default {d.codec}: the fewest bytes per token that keeps the quality suite's "
-                        "answers within 2 points of fp16; README 'Codecs')")
-    p.add_argument("--chunk-form", choices=list(CHUNK_FORMS),
-                   help=f"how a chunk's KV is computed at ingest (default {d.engine.chunk_form}: after the model's "
-                        "template prefix and a bland earlier document, as the second document of a prompt; lead: "
-                        "after the template prefix only; alone: CacheBlend's form)")
-    p.add_argument("--workers", help="inproc, ray (local cluster), auto (join a running cluster, else inproc) or ray://ADDRESS (default inproc)")
-    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--memory-budget", type=_size, dest="memory_budget_bytes", metavar="BYTES",
-                   help="in-memory tier budget, e.g. 512M or 2G")
-    p.add_argument("--token", help="require `authorization: Bearer TOKEN` (or set RAGKV_TOKEN)")
-    p.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key)")
-    p.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    p.add_argument("--max-queue", type=int, help=f"requests allowed to wait for the engine (default {d.max_queue})")
-    p.add_argument("--max-batch", type=int,
-                   help=f"requests decoded together in one forward pass; 1 = one at a time (default {d.max_batch})")
-    p.add_argument("--max-batch-tokens", type=int,
-                   help="KV tokens (prompt + max_new_tokens) the running batch may hold (default: no limit)")
-    p.add_argument("--decode-kernel", choices=sorted(DECODE_KERNELS),
-                   help=f"decode-step linear kernel (default {d.decode_kernel}: the model's own 4-bit weights; "
-                        "fp32 is exact, slower)")
-    p.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
-                   help=f"prefill projections (default {d.engine.prefill_kernel}: bf16 weights and activations where "
-                        "the hardware has bf16 (about 3x faster on a CPU with AVX512-BF16), else fp32, "
-                        "transformers' own arithmetic)")
-    p.add_argument("--retain-memory", action=argparse.BooleanOptionalAction,
-                   help="keep freed host memory for the next request instead of returning it to the system "
-                        f"(default {'on' if d.engine.retain_memory else 'off'}: no page faults per request, about "
-                        "20%% off a CPU full prefill; resident memory stays near its peak)")
-    p.add_argument("--max-message-bytes", type=_size, metavar="BYTES",
-                   help=f"largest request/response (default {d.max_message_bytes // MiB}M)")
-    p.add_argument("--grace", type=float, dest="grace_s", metavar="SECONDS",
-                   help=f"SIGTERM drain time for in-flight requests (default {d.grace_s:g})")
-    p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="default INFO")
+    p.add_argument("--config", metavar="FILE",
+                   help="TOML file of settings by field name (e.g. max_queue = 128); layered defaults -> file -> "
+                        "RAGKV_* environment -> flags (docs/service.md)")
+    net = p.add_argument_group("network and security")
+    net.add_argument("--host", help=f"address to bind (default {d.host})")
+    net.add_argument("--port", type=int, help=f"port to bind; 0 picks a free one (default {d.port})")
+    net.add_argument("--http-port", type=int,
+                     help="serve the OpenAI-compatible HTTP API on this port beside gRPC (docs/openai.md; default off)")
+    net.add_argument("--token", help="require `authorization: Bearer TOKEN` (or set RAGKV_TOKEN)")
+    net.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key)")
+    net.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
+    store = p.add_argument_group("model and store")
+    store.add_argument("--model", help="default (embedded SmolLM2-135M-Instruct), gemma3-270m or a local HF model directory")
+    store.add_argument("--store", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
+    store.add_argument("--codec", metavar="NAME", type=_codec,
+                       help=f"KV codec: {', '.join(sorted(CODECS))} (default {d.codec}: the fewest bytes per token "
+                            "that keeps the quality suite's answers within 2 points of fp16; docs/benchmarks.md)")
+    store.add_argument("--workers", help="inproc, ray (local cluster), auto (join a running cluster, else inproc) or "
+                                         "ray://ADDRESS (default inproc)")
+    store.add_argument("--memory-budget", type=_size, dest="memory_budget_bytes", metavar="BYTES",
+                       help="in-memory tier budget, e.g. 512M or 2G")
+    blend = p.add_argument_group("blend and quality")
+    blend.add_argument("--chunk-form", choices=list(CHUNK_FORMS),
+                       help=f"how a chunk's KV is computed at ingest (default {d.engine.chunk_form}: after the "
+                            "model's template prefix and a bland earlier document; lead: after the template prefix "
+                            "only; alone: CacheBlend's form)")
+    perf = p.add_argument_group("performance")
+    perf.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
+                      help=f"prefill projections (default {d.engine.prefill_kernel}: bf16 where the hardware has "
+                           "it, else fp32; fp32 = transformers' own arithmetic)")
+    perf.add_argument("--decode-kernel", choices=sorted(DECODE_KERNELS),
+                      help=f"decode-step linear kernel (default {d.decode_kernel}: the model's own 4-bit weights; "
+                           "fp32 is exact, slower)")
+    perf.add_argument("--max-batch", type=int,
+                      help=f"requests decoded together in one forward pass; 1 = one at a time (default {d.max_batch})")
+    obs = p.add_argument_group("observability")
+    obs.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    obs.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="default INFO")
+    obs.add_argument("--shadow-sample", type=float, metavar="FRACTION",
+                     help="share of greedy blend requests re-checked against a full prefill while idle, "
+                          "agreement in Stats and metrics (default 0: off; docs/prefill.md)")
+    # in the config file (also accepted as flags, not listed)
+    hidden = argparse.SUPPRESS
+    p.add_argument("--device", help=hidden)
+    p.add_argument("--max-queue", type=int, help=hidden)
+    p.add_argument("--max-batch-tokens", type=int, help=hidden)
+    p.add_argument("--retain-memory", action=argparse.BooleanOptionalAction, help=hidden)
+    p.add_argument("--max-message-bytes", type=_size, metavar="BYTES", help=hidden)
+    p.add_argument("--grace", type=float, dest="grace_s", metavar="SECONDS", help=hidden)
+
+
+def _codec(name: str) -> str:
+    """A registered codec (a plug-in's too: CODECS loads them on a miss), else the flag's one-line error."""
+    if name not in CODECS:
+        raise argparse.ArgumentTypeError(f"unknown codec {name!r}; known: {', '.join(sorted(CODECS))}; {HINT}")
+    return name
 
 
 def _size(text: str) -> int:
@@ -68,7 +87,7 @@ def _size(text: str) -> int:
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     names = [f.name for f in fields(ServeConfig) if f.name != "engine"] + list(ENGINE_FIELDS) + list(BATCH_FIELDS)
-    return ServeConfig.from_env().with_overrides(**{n: getattr(args, n, None) for n in names})
+    return ServeConfig.load(getattr(args, "config", None)).with_overrides(**{n: getattr(args, n, None) for n in names})
 
 
 def check_paths(config: ServeConfig) -> None:

@@ -34,11 +34,18 @@ class RunningServer:
     health: health.HealthServicer
     port: int
     metrics: Metrics
+    engine: EngineProtocol | None = None  # the engine as the servicer calls it (Instrumented)
+    admission: Admission | None = None
+    http: object | None = None  # the OpenAI-compatible API (ragkv/server/openai/app.py RunningHttp), when on
 
     def drain(self, grace_s: float) -> None:
         """Stop taking requests (health NOT_SERVING), let in-flight ones finish within `grace_s`."""
         self.health.enter_graceful_shutdown()
+        if self.http is not None:
+            self.http.begin_drain()
         self.server.stop(grace_s).wait()
+        if self.http is not None:
+            self.http.stop(grace_s)
 
 
 def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
@@ -61,7 +68,8 @@ def start_server(config: ServeConfig, engine: EngineProtocol, metrics: Metrics |
     interceptors.append(ErrorInterceptor())
     server = grpc.server(ThreadPoolExecutor(max_workers=config.max_queue + slots + SPARE_THREADS, thread_name_prefix="rpc"),
                          interceptors=interceptors, options=grpc_options(config))
-    ragkv_pb2_grpc.add_RagKVServicer_to_server(RagKVServicer(Instrumented(engine, metrics), admission), server)
+    instrumented = Instrumented(engine, metrics)
+    ragkv_pb2_grpc.add_RagKVServicer_to_server(RagKVServicer(instrumented, admission), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -80,7 +88,8 @@ def start_server(config: ServeConfig, engine: EngineProtocol, metrics: Metrics |
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server=server, health=health_servicer, port=port, metrics=metrics)
+    return RunningServer(server=server, health=health_servicer, port=port, metrics=metrics, engine=instrumented,
+                         admission=admission)
 
 
 def build_engine(config: ServeConfig) -> EngineProtocol:
@@ -103,6 +112,10 @@ def serve(config: ServeConfig) -> int:
     gc.freeze()  # the model's hundreds of thousands of objects: never scanned again by the collector
     try:
         running = start_server(config, engine)
+        if config.http_port is not None:  # the OpenAI-compatible API, same engine, token, queue and metrics
+            from ragkv.server.openai.app import serve_http
+
+            running.http = serve_http(config, running.engine, running.admission, running.metrics)
         if config.metrics_port is not None:
             from prometheus_client import start_http_server
 
@@ -110,7 +123,8 @@ def serve(config: ServeConfig) -> int:
         log.info("serving", extra={"fields": {"address": f"{config.host}:{running.port}", "tls": config.tls,
                                               "auth": bool(config.token), "store": redact_url(config.store_url),
                                               "codec": config.codec, "workers": config.workers,
-                                              "metrics_port": config.metrics_port, "max_queue": config.max_queue}})
+                                              "metrics_port": config.metrics_port, "max_queue": config.max_queue,
+                                              "http_port": config.http_port and running.http.port}})
         print(f"ragkv listening on {config.host}:{running.port}", flush=True)
         drained = threading.Event()
 

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvstore.stats import StoreStats
+from ragkv.server.reuse_metrics import ReuseCollector
 from workers.stats import BatchStats
 from workers.protocol import EngineProtocol
 
@@ -66,6 +67,7 @@ class Metrics:
         """Register the scrape-time collectors for `engine` (and the queue gauges for `admission`)."""
         self.registry.register(StoreCollector(engine))
         self.registry.register(BatchCollector(engine))
+        self.registry.register(ReuseCollector(engine))
         if admission is not None:
             Gauge("ragkv_queue_waiting", "requests waiting for the engine", registry=self.registry
                   ).set_function(lambda: admission.waiting)
@@ -106,6 +108,25 @@ class StoreCollector(Collector):
         for reason in REJECT_REASONS:  # blocks the store refused to serve (deleted, then recomputed)
             rejected.add_metric([reason], float(getattr(store.counters, reason)) if store is not None else 0.0)
         yield from (stored, blocks, evictions, rejected)
+        yield from StoreCollector._decoded(store)
+
+    @staticmethod
+    def _decoded(store: StoreStats | None) -> Iterator:
+        """The decoded-KV tier (kvstore/decoded.py): what it holds, its budget, and how often it saved a decode."""
+        tier = store.decoded if store is not None else None
+        gauges = {"bytes_used": GaugeMetricFamily("ragkv_decoded_kv_bytes", "bytes of decoded chunk KV held"),
+                  "budget_bytes": GaugeMetricFamily("ragkv_decoded_kv_budget_bytes",
+                                                    "byte budget of the decoded chunk KV tier (0: off)"),
+                  "blocks": GaugeMetricFamily("ragkv_decoded_kv_blocks", "decoded chunks held"),
+                  "evictions": CounterMetricFamily("ragkv_decoded_kv_evictions",
+                                                   "decoded chunks dropped to stay in budget")}
+        for name, family in gauges.items():
+            family.add_metric([], float(getattr(tier, name)) if tier is not None else 0.0)
+        lookups = CounterMetricFamily("ragkv_decoded_kv_lookups", "block reads by decoded-tier outcome (hit: no decode)",
+                                      labels=["outcome"])
+        for field, outcome in (("hits", "hit"), ("misses", "miss")):
+            lookups.add_metric([outcome], float(getattr(tier, field)) if tier is not None else 0.0)
+        yield from (*gauges.values(), lookups)
 
 
 class BatchCollector(Collector):

@@ -1,4 +1,4 @@
-"""`ragkv bench blend --quick` runs end to end and writes the documented JSON (README "Benchmarks") (figures are the bench's job)."""
+"""`ragkv bench blend --quick` runs end to end and writes the documented JSON (docs/benchmarks.md) (figures are the bench's job)."""
 
 from ragkv.bench import blend
 from workers.engine import EngineConfig

@@ -190,8 +190,8 @@ def test_drift_flag_parses_and_other_flags_are_rejected():
 
 
 def test_chunk_form_configs_parse():
-    lead = parse_config("blend+lead:legolink@0.15")
-    assert lead.form == "lead" and lead.method == "legolink" and lead.blend_config().recompute_ratio == 0.15
+    lead = parse_config("blend+lead:deviation@0.15")
+    assert lead.form == "lead" and lead.method == "deviation" and lead.blend_config().recompute_ratio == 0.15
     assert parse_config("reuse+alone").form == "alone" and parse_config("reuse+alone").reuse
     assert parse_config("blend@0.15").form is None  # the engine's form
     with pytest.raises(ValueError):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kvstore.codecs import CODECS, make_codec
+from kernel_widths import codec as width_codec
 from kvstore.codecs.base import to_bytes
 from kvstore.kernels import dispatch, transfer
 
@@ -78,7 +79,7 @@ def test_cpu_codecs_never_touch_triton(monkeypatch, name):
 def test_codec_on_the_triton_path_writes_the_same_bytes(monkeypatch, name):
     """What a CUDA tensor gets (Triton, here under TRITON_INTERPRET=1) is byte for byte the torch path."""
     keys, values = _kv(1)
-    codec = make_codec(name)
+    codec = width_codec(name)
     ref = codec.encode(keys, values)
     ref_k, ref_v = codec.decode(ref, SHAPE, torch.float32)
     monkeypatch.setattr(dispatch, "resolve_backend", lambda tensor, backend=None: "triton")
@@ -113,7 +114,7 @@ def test_decode_moves_the_payload_to_the_device_once(monkeypatch, name):
     real = transfer.to_device
     monkeypatch.setattr(transfer, "to_device", lambda buf, device: calls.append(buf.numel()) or real(buf, device))
     keys, values = _kv()
-    codec = make_codec(name)
+    codec = width_codec(name)
     payload = codec.encode(keys, values)
     k, v = codec.decode(payload, SHAPE, torch.float16, device="meta")
     assert calls == [len(payload)]
@@ -124,7 +125,7 @@ def test_decode_moves_the_payload_to_the_device_once(monkeypatch, name):
 @pytest.mark.parametrize("name", ["int4", "k4v2", "k3v2"])
 def test_cuda_encode_decode_matches_cpu(name):
     keys, values = _kv(2)
-    codec = make_codec(name)
+    codec = width_codec(name)
     ref = codec.encode(keys, values)
     assert to_bytes(*transfer.to_host(codec.encode_parts(keys.cuda(), values.cuda()))) == ref
     k, v = codec.decode(ref, SHAPE, torch.float32, device="cuda")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_widths import codec as width_codec
 from kvstore.codecs import KiviCodec, make_codec
 from kvstore.codecs.base import to_bytes
 from kvstore.codecs.rotation import rotate, unrotate
@@ -148,7 +149,7 @@ def test_fused_out_dtype(device):
 def test_codec_payload_round_trip(device, name, params):
     shape = (2, 3, 9, 64)
     keys, values = make_kv(shape, seed=3), make_kv(shape, seed=4)
-    codec = make_codec(name, **params)
+    codec = width_codec(name, **params)
     payload = codec.encode(keys, values)
     kivi = isinstance(codec, KiviCodec)
     turn = rotate if kivi and codec.rotate else (lambda x: x)  # rotated codecs: torch rotation, Triton quantization

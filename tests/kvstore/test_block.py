@@ -139,7 +139,7 @@ def test_old_version_and_corrupt_blocks_are_store_misses():
     from kvstore.store import BlockStore
 
     kv = tiny_kv(tokens=6)
-    store = BlockStore(open_backend("memory:"), make_codec("k4v2", pre_rope=True), FP)
+    store = BlockStore(open_backend("memory:"), make_codec("kivi2", pre_rope=True), FP)
     old, bad = store.address_for(kv.token_ids), store.address_for(kv.token_ids, namespace="n")
     data = store.encode(kv)
     store.put_raw(old, reframe(*split(data), version=2))
@@ -154,7 +154,7 @@ def test_old_version_and_corrupt_blocks_are_store_misses():
 
 def test_pre_rope_block_carries_its_frequencies():
     kv = tiny_kv(tokens=7)
-    data = encode_block(kv, make_codec("k4v2", pre_rope=True), FP)
+    data = encode_block(kv, make_codec("kivi2", pre_rope=True), FP)
     out, header = decode_block(data)
     assert out.pre_rope and header.inv_freq == tuple(kv.inv_freq.tolist())
     assert torch.equal(out.inv_freq, kv.inv_freq)
@@ -164,7 +164,7 @@ def test_pre_rope_block_carries_its_frequencies():
             decode_block(reframe(dict(h, inv_freq=forged), payload))
     with pytest.raises(BlockShapeError, match="inv_freq"):  # a pre-RoPE codec without frequencies
         decode_block(reframe(dict(h, inv_freq=None), payload))
-    post, _ = split(encode_block(kv, make_codec("k4v2", pre_rope=False), FP))
+    post, _ = split(encode_block(kv, make_codec("kivi2", pre_rope=False), FP))
     with pytest.raises(BlockShapeError, match="inv_freq"):  # frequencies on a post-RoPE block
         decode_block(reframe(dict(post, inv_freq=h["inv_freq"]), payload))
 

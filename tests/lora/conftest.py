@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def adapters(runner):
-    from workers.research.lora import random_adapter
+    from workers.lora import random_adapter
 
     adapter = random_adapter(runner, rank=4, seed=7)
     return adapter, adapter.zeroed_b()
@@ -15,7 +15,7 @@ def adapters(runner):
 
 @pytest.fixture(scope="module")
 def models(runner, adapters):
-    from workers.research.lora import AdapterModels
+    from workers.lora import AdapterModels
 
     return AdapterModels(runner, list(adapters))
 

@@ -1,4 +1,4 @@
-"""`bench lora` in quick mode: the documented JSON shape (README "Benchmarks") and stored-byte figures."""
+"""`bench lora` in quick mode: the documented JSON shape (docs/benchmarks.md) and stored-byte figures."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from workers.research.lora import adapter_chunk, reconstruct, relative_error_per_layer
-from workers.research.lora.lowrank import lora_delta, rope_at_chunk_positions
+from workers.lora import adapter_chunk, reconstruct, relative_error_per_layer
+from workers.lora.lowrank import lora_delta, rope_at_chunk_positions
 
 
 def test_rope_of_delta_matches_runner_rope(runner):

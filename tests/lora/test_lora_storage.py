@@ -6,7 +6,7 @@ import torch
 
 from kvstore.backends.memory import MemoryBackend
 from kvstore.store import BlockStore
-from workers.research.lora import LoraKVStore, adapter_chunk, random_adapter, relative_error_per_layer
+from workers.lora import LoraKVStore, adapter_chunk, random_adapter, relative_error_per_layer
 
 
 def _store(runner) -> LoraKVStore:

@@ -13,6 +13,6 @@ def pool(ray_local, redis_server):
     from workers.engine import EngineConfig
     from workers.ray_pool import WorkerPool
 
-    p = WorkerPool(EngineConfig(store=redis_server.url, memory_budget_bytes=None), num_workers=2, lease_ttl_s=5.0)
+    p = WorkerPool(EngineConfig(store=redis_server.url, memory_budget_bytes=None, sequence_cache=False), num_workers=2, lease_ttl_s=5.0)
     yield p
     p.shutdown()

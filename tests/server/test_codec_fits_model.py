@@ -25,7 +25,7 @@ def head_dim_48(tmp_path_factory):
 
 def test_engine_refuses_a_rotated_codec_for_head_dim_48(head_dim_48, tmp_path):
     with pytest.raises(CodecError, match="power-of-two head_dim"):
-        Engine(EngineConfig(model=head_dim_48, store=f"disk:{tmp_path / 'a'}", codec="hk4v3"))
+        Engine(EngineConfig(model=head_dim_48, store=f"disk:{tmp_path / 'a'}", codec="wk4v3"))
     engine = Engine(EngineConfig(model=head_dim_48, store=f"disk:{tmp_path / 'b'}", codec="int8"))
     try:
         assert engine.ingest(["A short chunk of text."])[0].num_tokens > 0
@@ -36,7 +36,7 @@ def test_engine_refuses_a_rotated_codec_for_head_dim_48(head_dim_48, tmp_path):
 def test_serve_reports_it_as_one_line_and_exit_2(head_dim_48, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("ragkv.server.app.signal.signal", lambda *args: None)  # keep pytest's own handlers
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "--model", head_dim_48, "--codec", "hk4v3", "--port", "0", "--store", f"disk:{tmp_path}"])
+        main(["serve", "--model", head_dim_48, "--codec", "wk4v3", "--port", "0", "--store", f"disk:{tmp_path}"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("ragkv serve: --codec: ") and "power-of-two" in err[-1]

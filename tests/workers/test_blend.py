@@ -3,8 +3,11 @@
 import pytest
 import torch
 
-from workers.blend import BlendConfig, blend_prefill, fuse_chunks, kv_deviation, select_tokens
+from workers.blend import COMPRESSED_METHOD, BlendConfig, fuse_chunks
+from workers.modes import plan_for
+from workers.pipeline import HeldChunks, run_prefill
 from workers.rope import rerotate_keys
+from workers.selection import kv_deviation, select_tokens
 from workers.selfcheck import check_full_ratio, check_rerotation, check_zero_ratio
 
 
@@ -58,12 +61,13 @@ def test_blend_recomputes_the_requested_fraction(runner):
 
     chunks = [runner.tokenize("Alpha beta gamma delta. " * 6), runner.tokenize("Epsilon zeta eta theta. " * 6)]
     layout = build_prompt(runner.tokenizer, "", chunks, "Which letters?")
-    prefix = runner.chunk_kv(layout.prefix_ids)
-    cache, computed = fuse_chunks(runner, layout, prefix, [runner.chunk_kv(c) for c in chunks])
+    held = HeldChunks(runner.chunk_kv(layout.prefix_ids), [runner.chunk_kv(c) for c in chunks])
+    _, computed = fuse_chunks(runner, layout, held.prefix_kv, held.chunk_kvs)
     chunk_tokens = sum(e - s for s, e in layout.chunk_spans)
-    _, stats = blend_prefill(runner, layout, cache, computed, BlendConfig(recompute_ratio=0.25))
-    assert stats["recomputed_tokens"] == round(0.25 * chunk_tokens)
-    assert stats["always_computed_tokens"] == int(computed[layout.prefix_len:].sum())
+    stats = run_prefill(runner, layout, plan_for("blend", BlendConfig(recompute_ratio=0.25)), held).stats
+    assert stats.recomputed_tokens == round(0.25 * chunk_tokens)
+    assert stats.always_computed_tokens == int(computed[layout.prefix_len:].sum())
+    assert 0 < stats.compute_fraction < 1 and set(stats.breakdown) >= {"load", "fuse", "shift", "layers", "logits"}
 
 
 def test_fused_cache_holds_the_stored_kv_and_zeros_where_nothing_is_stored(runner):
@@ -81,23 +85,23 @@ def test_fused_cache_holds_the_stored_kv_and_zeros_where_nothing_is_stored(runne
 
 
 def test_the_default_setting_runs_one_method_per_chunk_kind(runner):
-    """Whole chunks run `method`, a prompt holding a chunk compressed at ingest runs `compressed_method`;
-    a method asked for by name runs over both."""
+    """Whole chunks run `method`, a prompt holding a chunk compressed at ingest runs COMPRESSED_METHOD in
+    place of the default one; a method asked for by name runs over both."""
     from workers.eviction.chunks import compress_chunk
     from workers.prompt import build_prompt
     from workers.requests import CompressionSpec
 
     default = BlendConfig()
     assert default.for_prompt(compressed=False) == default
-    assert default.for_prompt(compressed=True).method == default.compressed_method
+    assert default.for_prompt(compressed=True).method == COMPRESSED_METHOD
     assert (default.check_layer, default.for_prompt(compressed=True).check_layer) == (2, 1)  # each as chosen
     assert default.for_prompt(compressed=True).recompute_ratio == default.compressed_ratio == 0.0  # the drift only
     asked = default.with_ratio(0.3)  # a request's own ratio: over both kinds, each with its method
     assert asked.for_prompt(compressed=True).recompute_ratio == asked.for_prompt(compressed=False).recompute_ratio == 0.3
-    assert asked.for_prompt(compressed=True).method == default.compressed_method
+    assert asked.for_prompt(compressed=True).method == COMPRESSED_METHOD
     with pytest.raises(ValueError, match="compressed_ratio"):
         BlendConfig(compressed_ratio=1.5)
-    named = default.named("legolink")
+    named = default.named("deviation")
     assert named.for_prompt(compressed=False) == named
     # over compressed chunks the method is the same, and the context drift stays on
     assert named.for_prompt(compressed=True) == named
@@ -111,10 +115,9 @@ def test_the_default_setting_runs_one_method_per_chunk_kind(runner):
     ran = {}
     for kind, stored in (("whole", whole), ("compressed", small)):
         for config in (default, named):
-            cache, computed = fuse_chunks(runner, layout, prefix, stored)
-            _, stats = blend_prefill(runner, layout, cache, computed, config)
-            ran[kind, config.method] = (stats["blend_method"], stats["blend_config"])
-            assert stats["check_layer"] == config.for_prompt(kind == "compressed").check_layer
+            stats = run_prefill(runner, layout, plan_for("blend", config), HeldChunks(prefix, stored)).stats
+            ran[kind, config.method] = (stats.blend_method, stats.blend_config)
+            assert stats.check_layer == config.for_prompt(kind == "compressed").check_layer
     assert ran["whole", default.method] == (default.method, default.name)
-    assert ran["compressed", default.method] == (default.compressed_method, default.for_prompt(True).name)
-    assert ran["whole", "legolink"] == ran["compressed", "legolink"] == ("legolink", named.name)
+    assert ran["compressed", default.method] == (COMPRESSED_METHOD, default.for_prompt(True).name)
+    assert ran["whole", "deviation"] == ran["compressed", "deviation"] == ("deviation", named.name)

@@ -28,7 +28,7 @@ PROMPTS = (
     Prompt("names", ("Mara keeps the lighthouse at Marrow Point.", "Tomas bakes bread in the valley."),
            "Who keeps the lighthouse?", "Mara"),
 )
-CANDIDATES = (BlendConfig(recompute_ratio=0.2, method="legolink"), BlendConfig(recompute_ratio=1.0, method="deviation"))
+CANDIDATES = (BlendConfig(recompute_ratio=0.2, method="deviation"), BlendConfig(recompute_ratio=1.0, method="deviation"))
 
 
 def test_choose_takes_the_cheapest_setting_that_meets_the_target():
@@ -70,20 +70,19 @@ def test_calibration_is_deterministic_and_its_stored_result_is_reused(runner, tm
 
 def test_fast_greedy_path_gives_the_tokens_of_plain_decoding(runner):
     from kvstore.store import BlockStore
-    from workers.blend import blend_prefill, fuse_chunks
-    from workers.context_drift import drift_for
     from workers.generate import SamplingParams, decode
+    from workers.modes import plan_for
+    from workers.pipeline import HeldChunks, run_prefill
 
     store = BlockStore(None, "int4", runner.fingerprint)
     prompt = Prompt("codes", PROMPTS[0].chunks + PROMPTS[1].chunks, PROMPTS[0].question, "41327", max_new_tokens=8)
     prepared = calibration._Prepared(runner, prompt, store, store)
-    for config, reuse in ((BlendConfig(), True), (BlendConfig(recompute_ratio=0.3, method="legolink"), False),
+    for config, reuse in ((BlendConfig(), True), (BlendConfig(recompute_ratio=0.3, method="deviation"), False),
                           (BlendConfig(recompute_ratio=1.0), False)):
         tokens = prepared.run(runner, config, reuse=reuse).tokens
-        cache, computed = fuse_chunks(runner, prepared.layout, prepared.prefix, prepared.kvs)
-        drift = drift_for(runner, config, reuse=reuse)
-        logits, _ = blend_prefill(runner, prepared.layout, cache, computed, config, reuse=reuse, drift=drift)
-        plain = list(decode(runner, cache, logits, prepared.layout.num_tokens, SamplingParams(max_new_tokens=8)))
+        out = run_prefill(runner, prepared.layout, plan_for("reuse" if reuse else "blend", config),
+                          HeldChunks(prepared.prefix, prepared.kvs))
+        plain = list(decode(runner, out.cache, out.logits, prepared.layout.num_tokens, SamplingParams(max_new_tokens=8)))
         assert tokens == plain
 
 
@@ -92,15 +91,15 @@ def test_engine_uses_the_calibrated_setting_when_no_ratio_is_given(runner, tmp_p
     from workers.requests import GenerateRequest
 
     path = tmp_path / "calibration.json"
-    record = calibrate(runner, PROMPTS[:1], "fp16", (BlendConfig(recompute_ratio=0.3, method="legolink"),), path=path)
+    record = calibrate(runner, PROMPTS[:1], "fp16", (BlendConfig(recompute_ratio=0.3, method="deviation"),), path=path)
     monkeypatch.setattr(calibration, "calibration_path", lambda runner, codec: path)
     engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="fp16"), runner=runner)
     ask = dict(question=PROMPTS[0].question, chunks=PROMPTS[0].chunks, max_new_tokens=2)
     stats = engine.generate(GenerateRequest(**ask)).stats
     assert (stats["blend_setting"], stats["blend_config"]) == ("calibrated", record["chosen_key"])
-    assert stats["blend_method"] == "legolink" and stats["recompute_ratio"] == 0.3
+    assert stats["blend_method"] == "deviation" and stats["recompute_ratio"] == 0.3
     stats = engine.generate(GenerateRequest(**ask, recompute_ratio=0.5)).stats
-    assert (stats["blend_setting"], stats["blend_config"]) == ("request", "legolink@0.5")
+    assert (stats["blend_setting"], stats["blend_config"]) == ("request", "deviation@0.5")
     plain = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="fp16", use_calibration=False), runner=runner)
     stats = plain.generate(GenerateRequest(**ask)).stats
     assert (stats["blend_setting"], stats["blend_config"]) == ("default", BlendConfig().name)
@@ -108,11 +107,12 @@ def test_engine_uses_the_calibrated_setting_when_no_ratio_is_given(runner, tmp_p
     plain.close()
 
 
-def test_drift_candidates_are_opt_in():
-    """`ragkv calibrate` sweeps the drift repair only with --drift (docs/blend.md, "Key drift")."""
+def test_candidates_are_the_product_methods_at_every_ratio():
+    """`ragkv calibrate` sweeps the product's selection methods (research/ registers more) x ratios."""
     from ragkv.commands.calibrate import candidates
 
-    plain, both = candidates(None, None), candidates(None, None, drift=True)
-    assert plain and not any(c.drift for c in plain) and len(both) == 2 * len(plain)
-    assert {c.name for c in both} - {c.name for c in plain} == {c.name + ":drift" for c in plain}
-    assert config_key(BlendConfig(recompute_ratio=0.3, method="legolink", drift=True)) == "legolink@0.3:drift"
+    plain = candidates(None, None)
+    assert {c.method for c in plain} == {"deviation", "gradual"} and len(plain) == 12
+    assert [c.name for c in candidates("gradual", "0.1,0.5")] == ["gradual@0.1", "gradual@0.5"]
+    assert config_key(BlendConfig(recompute_ratio=0.3, method="deviation")) == "deviation@0.3"
+    assert config_key(BlendConfig(recompute_ratio=0.3, check_layer=1)) == "gradual@0.3[check_layer=1]"

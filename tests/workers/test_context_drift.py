@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 
+from dataclasses import replace
+
+import pytest
 import torch
 
 from workers import context_drift as cd
-from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+from workers.blend import COMPRESSED_METHOD, BlendConfig, fuse_chunks, recompute
 from workers.cache import KVCache, LayerKV
+from workers.modes import plan_for
+from workers.pipeline import HeldChunks, run_prefill
 from workers.prompt import build_prompt
 from workers.rope import rerotate_keys
 from workers.selfcheck import CHECK_TEXTS
@@ -62,52 +67,66 @@ def _prompt(runner):
     return layout, runner.chunk_kv(layout.prefix_ids), [runner.chunk_kv(c) for c in chunks]
 
 
-def _blend(runner, layout, prefix, chunks, config, drift=None, reuse=False, shift=None):
-    cache, computed = fuse_chunks(runner, layout, prefix, chunks)
-    return blend_prefill(runner, layout, cache, computed, config, reuse=reuse, drift=drift, shift=shift)
+FORM = "random-drift-test"  # a chunk form name whose drift the `drift` fixture sets (pipeline reads it by form)
 
 
-def test_blend_with_context_drift_keeps_ratio_one_and_ratio_zero(runner):
+@pytest.fixture
+def drift(runner, monkeypatch):
+    shape = runner.shape
+    value = random_drift(shape.num_layers, shape.num_kv_heads, shape.head_dim, 0.5)
+    monkeypatch.setitem(cd._DRIFTS, (runner.fingerprint, FORM), value)
+    return value
+
+
+def _blend(runner, layout, prefix, chunks, config, mode="blend", shift=None):
+    """(logits, stats dict) of `mode` through the prefill pipeline; `shift` overrides the plan's."""
+    plan = plan_for(mode, config)
+    plan = plan if shift is None else replace(plan, shift=shift)
+    out = run_prefill(runner, layout, plan, HeldChunks(prefix, chunks), chunk_form=FORM)
+    return out.logits, out.stats.as_dict()
+
+
+def _reuse_over(runner, layout, cache, computed):
+    """Plain reuse's logits over a cache the test prepared (e.g. shifted by hand)."""
+    return runner.logits(recompute(runner, layout, cache, computed, None).hidden)
+
+
+def test_blend_with_context_drift_keeps_ratio_one_and_ratio_zero(runner, drift):
     layout, prefix, chunks = _prompt(runner)
     shape = runner.shape
-    drift = random_drift(shape.num_layers, shape.num_kv_heads, shape.head_dim, 0.5)
     on = BlendConfig(context_drift=True)
     full = runner.forward(torch.tensor(layout.token_ids), torch.arange(layout.num_tokens),
                           KVCache.empty(shape.num_layers))
-    at_one, stats = _blend(runner, layout, prefix, chunks, BlendConfig(recompute_ratio=1.0, context_drift=True), drift)
+    at_one, stats = _blend(runner, layout, prefix, chunks, BlendConfig(recompute_ratio=1.0, context_drift=True))
     assert stats["context_drift"]
     assert float((at_one - full).abs().max() / full.abs().max()) < 1e-3  # every entry recomputed: the shift is gone
-    reused, _ = _blend(runner, layout, prefix, chunks, on, reuse=True)
-    at_zero, stats = _blend(runner, layout, prefix, chunks, BlendConfig(recompute_ratio=0.0, context_drift=True), drift)
+    reused, _ = _blend(runner, layout, prefix, chunks, on, mode="reuse")
+    at_zero, stats = _blend(runner, layout, prefix, chunks, BlendConfig(recompute_ratio=0.0, context_drift=True))
     assert not stats["context_drift"] and torch.allclose(at_zero, reused, atol=1e-4)  # nothing recomputed: reuse
-    shifted, stats = _blend(runner, layout, prefix, chunks, on, drift)
-    plain, plain_stats = _blend(runner, layout, prefix, chunks, BlendConfig(context_drift=False), drift)
+    shifted, stats = _blend(runner, layout, prefix, chunks, on)
+    plain, plain_stats = _blend(runner, layout, prefix, chunks, BlendConfig(context_drift=False))
     assert stats["context_drift"] and not plain_stats["context_drift"]
     assert not torch.allclose(shifted, plain, atol=1e-3)
 
 
-def test_shift_mode_is_reuse_over_whole_chunks_shifted_by_hand(runner):
-    """The `shift` mode (reuse=True, shift=True) over whole chunks: nothing recomputed, every stored chunk entry
-    shifted first, whatever the setting's own context_drift; shift=False never shifts, even a ratio that recomputes."""
+def test_a_shifting_reuse_plan_is_reuse_over_whole_chunks_shifted_by_hand(runner, drift):
+    """Reuse with shift=True (research's `shift` mode) over whole chunks: nothing recomputed, every stored chunk
+    entry shifted first, whatever the setting's own context_drift; shift=False never shifts, even a ratio that
+    recomputes."""
     layout, prefix, chunks = _prompt(runner)
-    shape = runner.shape
-    drift = random_drift(shape.num_layers, shape.num_kv_heads, shape.head_dim, 0.5)
-    shifted, stats = _blend(runner, layout, prefix, chunks, BlendConfig(context_drift=False), drift, True, True)
+    shifted, stats = _blend(runner, layout, prefix, chunks, BlendConfig(context_drift=False), "reuse", True)
     assert stats["context_drift"] and stats["recomputed_tokens"] == 0 and stats["blend_method"] == "shift"
     cache, computed = fuse_chunks(runner, layout, prefix, chunks)
     cd.shift_chunks(cache, cd.chunk_range(layout), drift, runner.inv_freq)
-    by_hand, _ = blend_prefill(runner, layout, cache, computed, BlendConfig(), reuse=True)
-    assert torch.allclose(shifted, by_hand, atol=1e-4)
-    reused, reuse_stats = _blend(runner, layout, prefix, chunks, BlendConfig(), drift, reuse=True)
+    assert torch.allclose(shifted, _reuse_over(runner, layout, cache, computed), atol=1e-4)
+    reused, reuse_stats = _blend(runner, layout, prefix, chunks, BlendConfig(), "reuse")
     assert not reuse_stats["context_drift"] and reuse_stats["blend_method"] == "reuse"
     assert not torch.allclose(shifted, reused, atol=1e-3)
-    _, never = _blend(runner, layout, prefix, chunks, BlendConfig(recompute_ratio=0.3), drift, shift=False)
+    _, never = _blend(runner, layout, prefix, chunks, BlendConfig(recompute_ratio=0.3), shift=False)
     assert not never["context_drift"] and never["recomputed_tokens"] > 0
-    assert cd.drift_for(runner, BlendConfig(context_drift=False), shift=False) is None
-    assert cd.drift_for(runner, BlendConfig(context_drift=False), reuse=True, shift=True) is not None
 
 
-def test_chunks_compressed_at_ingest_are_shifted_and_reused(runner):
+def test_chunks_compressed_at_ingest_are_shifted_and_reused(runner, drift):
     """Over chunks compressed at ingest the default recomputes nothing and adds the drift to their kept entries:
     its logits are plain reuse over a cache shifted by hand. Reuse itself is not shifted, and a request's own
     ratio recomputes there with the compressed-chunk method."""
@@ -116,21 +135,18 @@ def test_chunks_compressed_at_ingest_are_shifted_and_reused(runner):
 
     layout, prefix, chunks = _prompt(runner)
     small = [compress_chunk(runner, kv, CompressionSpec(policy="kvzip", budget=0.5))[0] for kv in chunks]
-    shape = runner.shape
-    drift = random_drift(shape.num_layers, shape.num_kv_heads, shape.head_dim, 0.5)
-    shifted, stats = _blend(runner, layout, prefix, small, BlendConfig(), drift)
+    shifted, stats = _blend(runner, layout, prefix, small, BlendConfig())
     assert stats["context_drift"] and stats["recomputed_tokens"] == 0 and stats["recompute_ratio"] == 0.0
     cache, computed = fuse_chunks(runner, layout, prefix, small)
     cd.shift_chunks(cache, cd.chunk_range(layout), drift, runner.inv_freq)
-    by_hand, _ = blend_prefill(runner, layout, cache, computed, BlendConfig(), reuse=True)
-    assert torch.allclose(shifted, by_hand, atol=1e-4)
-    plain, plain_stats = _blend(runner, layout, prefix, small, BlendConfig(context_drift=False), drift)
-    reused, reuse_stats = _blend(runner, layout, prefix, small, BlendConfig(), drift, reuse=True)
+    assert torch.allclose(shifted, _reuse_over(runner, layout, cache, computed), atol=1e-4)
+    plain, plain_stats = _blend(runner, layout, prefix, small, BlendConfig(context_drift=False))
+    reused, reuse_stats = _blend(runner, layout, prefix, small, BlendConfig(), "reuse")
     assert not plain_stats["context_drift"] and not reuse_stats["context_drift"]
     assert torch.allclose(plain, reused, atol=1e-4) and not torch.allclose(shifted, plain, atol=1e-3)
-    _, asked = _blend(runner, layout, prefix, small, BlendConfig().with_ratio(0.3), drift)
+    _, asked = _blend(runner, layout, prefix, small, BlendConfig().with_ratio(0.3))
     assert asked["recomputed_tokens"] > 0 and asked["context_drift"]
-    assert asked["blend_method"] == BlendConfig().compressed_method
+    assert asked["blend_method"] == COMPRESSED_METHOD
 
 
 def test_context_drift_is_measured_once_stored_and_reused(runner, monkeypatch, tmp_path):

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from workers.batching.linear import DEFAULT_DECODE_KERNEL
 from workers.batching.sequence import Sequence
@@ -39,6 +39,8 @@ class BatchConfig:
     max_batch_tokens: int | None = None  # KV tokens (prompt + max_new_tokens) the running batch may hold
     max_waiting: int = 64  # admitted requests waiting for a place in the batch; more is RESOURCE_EXHAUSTED
     decode_kernel: str = DEFAULT_DECODE_KERNEL  # workers/batching/linear.py: DECODE_KERNELS
+    # idle-time jobs (exact sequence prefills, shadow verification) waiting; more are dropped, never queued
+    max_background: int = 16
 
     def __post_init__(self) -> None:
         from workers.batching.linear import DECODE_KERNELS
@@ -70,6 +72,8 @@ class Scheduler:
         self._driver_thread: threading.Thread | None = None  # the one thread that runs model work
         self.tasks: deque[tuple[Callable[[], object], Future]] = deque()  # call(): work between steps
         self._collected_at = 0  # stats.steps at the last idle garbage collection
+        # defer(): idle-time jobs, each a generator run one step at a time while no request waits or runs
+        self.background: deque[Iterator[None]] = deque()
 
     # -- callers --------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -99,6 +103,19 @@ class Scheduler:
             self._ensure_driver()
             self._wake.notify()
         return done.result()
+
+    def defer(self, job: Iterator[None]) -> bool:
+        """Queue an idle-time job (a generator: each `next` is one short unit of model work, e.g. a few
+        layers); it runs only while no request waits or runs, so it never delays one by more than a unit.
+        False (and dropped) when `max_background` jobs wait already: the queue never grows past it."""
+        with self._wake:
+            if self._closed or len(self.background) >= self.config.max_background:
+                self.stats.background_dropped += 1
+                return False
+            self.background.append(job)
+            self._ensure_driver()
+            self._wake.notify()
+        return True
 
     def _ensure_driver(self) -> None:
         """Under _wake: nobody drives the loop yet, so a thread of its own does."""
@@ -143,7 +160,8 @@ class Scheduler:
                 gc.collect()
                 self._collected_at = self.stats.steps
             with self._wake:
-                while not (self.waiting or self.running or self.tasks or self._closed or (until and until.is_set())):
+                while not (self.waiting or self.running or self.tasks or self.background or self._closed
+                           or (until and until.is_set())):
                     self._wake.wait(IDLE_WAIT_S)
                 if (self._closed or (until is not None and until.is_set())) and not self.running and not self.tasks:
                     if self._closed:
@@ -152,6 +170,9 @@ class Scheduler:
                         self.waiting.clear()
                     if self._closed or not self.waiting:
                         return
+            if not (self.waiting or self.running or self.tasks):
+                self._run_background()
+                continue
             try:
                 self.step()
             except Exception as exc:  # a bug in a step must not leave callers waiting forever
@@ -172,6 +193,23 @@ class Scheduler:
         if self.running:
             self._run_decode()
         self.stats.waiting, self.stats.running = len(self.waiting), len(self.running)
+
+    def _run_background(self) -> None:
+        """One unit of the oldest idle-time job; a finished or failed job leaves the queue."""
+        with self._wake:
+            if not self.background:
+                return
+            job = self.background[0]
+        try:
+            next(job)
+            return
+        except StopIteration:
+            self.stats.background_done += 1
+        except Exception:  # an idle-time job's failure is logged, never a request's
+            log.exception("background job failed")
+            self.stats.background_failed += 1
+        with self._wake:
+            self.background.popleft()
 
     def _run_tasks(self) -> None:
         while True:
@@ -206,6 +244,9 @@ class Scheduler:
         self.stats.prefills += 1
         seq.started()
         self.running.append(seq)
+        for job in seq.background:  # work the prefill asked for, done while nothing else waits
+            self.defer(job)
+        seq.background = []
 
     def _retire(self) -> None:
         """Sample each running request's next token; the ones that end (stop token, length, cancel) leave."""
@@ -215,7 +256,7 @@ class Scheduler:
                 seq.finish(Cancelled("request cancelled"))
                 continue
             token = seq.next_token()
-            if token in seq.context["stop_ids"]:
+            if token in seq.stop_ids:
                 seq.finish()
                 continue
             seq.emit(token)

@@ -8,12 +8,15 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
 from workers.cache import KVCache
 from workers.generate import DecodeHooks, SamplingParams, sample_token
+
+if TYPE_CHECKING:
+    from workers.request_state import RequestState
 
 POLL_S = 0.05  # how often a waiting caller looks at its own cancellation
 
@@ -24,12 +27,14 @@ class Sequence:
     params: SamplingParams
     should_stop: Callable[[], bool] = lambda: False
     arrived: float = 0.0  # perf_counter() at submit
-    # set by the prefill (Engine.start_sequence)
+    state: RequestState | None = None  # the engine's typed per-request state (layout, plan, stats)
+    # set by the prefill (workers/steps.py)
     cache: KVCache | None = None
     logits: torch.Tensor | None = None  # [vocab]: the distribution of the next token
     next_position: int = 0  # position of the first generated token (the prompt's length)
     hooks: DecodeHooks = field(default_factory=DecodeHooks)
-    context: dict = field(default_factory=dict)  # the engine's own per-request state (layout, stats, ...)
+    stop_ids: frozenset[int] | set[int] = frozenset()  # token ids that end the answer
+    background: list = field(default_factory=list)  # idle-time jobs the prefill asks for (Scheduler.defer)
     kv_tokens: int = 0  # tokens this request may hold in KV (prompt + max_new_tokens): admission counts it
     # written by the scheduler
     tokens: list[int] = field(default_factory=list)

@@ -121,7 +121,7 @@ class KVzip(Policy):
     keep unequal counts, and the cache packs them (workers/cache.py), so bytes = the budget. Chosen on
     the quality suite's dev split: at budget 0.2, accuracy 0.73 free vs 0.54 with a cap of 1 (equal
     counts) and 0.60 with 1.5; again in the balanced order, 0.75 free vs 0.54 / 0.60 / 0.71 with caps
-    of 1 / 1.5 / 2, 0.73 with a floor of 0.2 (docs/eviction.md, "KVzip's own allocation");
+    of 1 / 1.5 / 2, 0.73 with a floor of 0.2 (research/eviction.md, "KVzip's own allocation");
     layerwise: equal budgets per layer (only the heads of a layer compete), as kvpress' `layerwise`
     (0.50 vs 0.60 on dev's needle families, 0.56 vs 0.75 on balanced dev, so off).
     """

@@ -9,7 +9,7 @@ heads of a layer, PyramidKV / DynamicKV across layers) instead of adding flags.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -19,8 +19,13 @@ from workers.cache import LayerKV
 from workers.eviction import scores
 from workers.eviction.budgets import pyramid_weights
 
-if TYPE_CHECKING:  # workers.requests validates policy names against this module's registry
-    from workers.requests import CompressionSpec
+
+class PolicySpec(Protocol):
+    """What build_policy reads of a request's compression (workers.requests.CompressionSpec, which checks its
+    policy name against this module's registry: so this module does not import it)."""
+
+    policy: str
+    window: int | None
 
 
 @dataclass
@@ -132,7 +137,7 @@ def register(name: str):
     return add
 
 
-def build_policy(spec: CompressionSpec) -> Policy:
+def build_policy(spec: PolicySpec) -> Policy:
     """A fresh policy instance from the request's spec (`window` goes to policies that have one)."""
     cls = POLICIES[spec.policy]
     kwargs = {}

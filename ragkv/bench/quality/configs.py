@@ -10,8 +10,7 @@ A config name reads `KIND[:ARG][@NUMBER][:FLAG]`:
     blend+lead[:METHOD][@R] | reuse+lead     chunks in a named form (workers/chunk_forms.py), whatever the
     blend+alone[:METHOD][@R] | reuse+alone   engine's default form: after the fixed lead-in, or alone
     reuse+codec:NAME        reuse over chunks stored through NAME
-    blend...:drift | :nodrift | :shift | :noshift   key-drift repair on / off; the model's context drift
-                                  added first on / off (workers/context_drift.py)
+    blend...:shift | :noshift     the model's context drift added first on / off (workers/context_drift.py)
     policy:NAME@BUDGET[:noprot]   eviction after the full prefill, protection on unless :noprot
     ingest:NAME@BUDGET[:reuse]    chunks compressed at ingest (query-agnostic NAME, e.g. kvzip), stored
                                   through the suite's codec, then blended (or reused)
@@ -27,9 +26,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, ClassVar
 
 from kvstore.registry import add_unique
-from workers.blend import BlendConfig, blend_prefill, fuse_chunks
-from workers.context_drift import drift_for
+from workers.blend import BlendConfig
 from workers.generate import DecodeHooks
+from workers.modes import PrefillPlan, plan_for
+from workers.pipeline import HeldChunks, run_prefill
 
 CONFIG_KINDS: dict[str, type["ConfigKind"]] = {}
 _NAME_RE = re.compile(r"^(?P<kind>[a-z+]+)(?::(?P<arg>[A-Za-z0-9_.-]+?))?(?:@(?P<number>[0-9.]+))?(?::(?P<flag>[a-z]+))?$")
@@ -103,20 +103,18 @@ class Blend(ConfigKind):
     ratio: float | None = None  # None: BlendConfig's default ratio
     reuse: bool = False
     form: str | None = None  # how the chunks were computed (workers/chunk_forms.py); None: the engine's form
-    drift: bool | None = None  # key-drift repair (workers/drift.py); None: the default setting's
     shift: bool | None = None  # the model's context drift first (workers/context_drift.py); None: the default's
 
     @classmethod
     def parse(cls, name, arg, number, flag):
-        if flag not in (None, "drift", "nodrift", "shift", "noshift"):
-            raise ValueError(f"config {name!r}: the only flags are :drift, :nodrift, :shift and :noshift")
+        if flag not in (None, "shift", "noshift"):
+            raise ValueError(f"config {name!r}: the only flags are :shift and :noshift")
         if number is not None and not 0.0 <= number <= 1.0:
             raise ValueError(f"config {name!r}: recompute ratio must be in [0, 1]")
         if arg is not None:
             BlendConfig().named(arg)  # an unknown selection method: ValueError naming the registered ones
-        drift = None if flag not in ("drift", "nodrift") else flag == "drift"
         shift = None if flag not in ("shift", "noshift") else flag == "shift"
-        return cls(name, method=arg, ratio=number, drift=drift, shift=shift)
+        return cls(name, method=arg, ratio=number, shift=shift)
 
     def blend_config(self, default: BlendConfig | None = None) -> BlendConfig:
         """`default` (the engine's setting: calibrated, else its config) with this config's method / ratio."""
@@ -125,8 +123,6 @@ class Blend(ConfigKind):
             config = config.with_ratio(self.ratio)
         if self.method is not None:
             config = config.named(self.method)
-        if self.drift is not None:
-            config = replace(config, drift=self.drift)
         if self.shift is not None:
             config = replace(config, context_drift=self.shift)
         return config
@@ -134,14 +130,15 @@ class Blend(ConfigKind):
     def chunks(self, ctx):
         return ctx.stored_chunks(self.codec or ctx.codec, self.form)
 
+    def plan(self, ctx) -> PrefillPlan:
+        """The engine's plan for this config's mode (workers/modes.py), with its flags."""
+        plan = plan_for("reuse" if self.reuse else "blend", self.blend_config(ctx.default_blend))
+        return replace(plan, shift=self.shift) if self.reuse else plan  # blend kinds: the setting's context_drift
+
     def prepare(self, ctx) -> Prepared:
-        cache, computed = fuse_chunks(ctx.runner, ctx.layout, ctx.prefix_kv(), self.chunks(ctx))
-        config = self.blend_config(ctx.default_blend)
-        shift = self.shift if self.reuse else None  # reuse kinds: False (plain reuse) or True (the shift mode)
-        drift = drift_for(ctx.runner, config, self.form or ctx.chunk_form, self.reuse, shift)
-        logits, stats = blend_prefill(ctx.runner, ctx.layout, cache, computed, config, reuse=self.reuse, drift=drift,
-                                      shift=shift)
-        return Prepared(logits, cache, stats=stats)
+        held = HeldChunks(ctx.prefix_kv(), self.chunks(ctx))
+        out = run_prefill(ctx.runner, ctx.layout, self.plan(ctx), held, self.form or ctx.chunk_form)
+        return Prepared(out.logits, out.cache, stats=out.stats.as_dict())
 
 
 @config_kind("blend")

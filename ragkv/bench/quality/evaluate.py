@@ -29,9 +29,11 @@ from ragkv.bench.quality.families import QualityPrompt
 from workers.blend import BlendConfig
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
-from workers.engine import PREFIX_CODEC
+from workers.chunk_source import PREFIX_CODEC
 from workers.generate import SamplingParams, decode
 from workers.key_plan import codec_for_model
+from workers.modes import plan_for
+from workers.pipeline import HeldChunks, run_prefill
 from workers.prompt import PromptLayout, build_prompt
 from workers.requests import CompressionSpec
 from workers.rope import rerotate_keys
@@ -77,10 +79,9 @@ class PromptContext:
                 o(layer, q, q_positions, kv)
 
         n = self.layout.num_tokens
-        self.full_cache = KVCache.empty(self.runner.shape.num_layers)
-        ids = torch.tensor(self.layout.token_ids, device=self.runner.device)
-        self.full_logits = self.runner.forward(ids, torch.arange(n, device=self.runner.device), self.full_cache,
-                                               observer=observe if observers else None)
+        out = run_prefill(self.runner, self.layout, plan_for("full", BlendConfig()),
+                          observer=observe if observers else None)
+        self.full_cache, self.full_logits = out.cache, out.logits
         self.full_tokens = list(decode(self.runner, self.full_cache_copy(), self.full_logits, n, self.params))
         self.full_rows = self.answer_rows(Prepared(self.full_logits, self.full_cache_copy()))
 
@@ -151,11 +152,8 @@ class PromptContext:
         return self._stored["prefix"][0]
 
     def prefix_prefill(self) -> tuple[torch.Tensor, KVCache]:
-        runner, layout = self.runner, self.layout
-        cache = KVCache.from_chunk(self.prefix_kv(), device=runner.device, dtype=runner.dtype)
-        ids = torch.tensor(layout.token_ids[layout.prefix_len:], device=runner.device)
-        positions = torch.arange(layout.prefix_len, layout.num_tokens, device=runner.device)
-        return runner.forward(ids, positions, cache), cache
+        out = run_prefill(self.runner, self.layout, plan_for("prefix", BlendConfig()), HeldChunks(self.prefix_kv()))
+        return out.logits, out.cache
 
     def compressor(self, config: Eviction):
         """One compressor per eviction config; it observes the shared full prefill."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvstore.registry import add_unique
-from ragkv.bench.quality.haystack import CountTokens, build_chunk
+from ragkv.bench.quality.haystack import CountTokens, build_chunk, scatter_chunk
 from ragkv.bench.quality.pools import Pool
 
 
@@ -30,6 +30,7 @@ class QualityPrompt:
     max_new_tokens: int = 24
     position: str = ""  # first | middle | last: which chunk holds the fact
     depth: float = 0.0  # where in that chunk
+    chunk: int | None = None  # the index of that chunk (Draw.target)
 
     def correct(self, text: str) -> bool:
         return all(answer_found(a, text) for a in self.answers)
@@ -53,6 +54,7 @@ class Draw:
     target: int
     depth: float
     count_tokens: CountTokens
+    index: int = 0  # the prompt's index in its family: balanced choices cycle over it
     _codes: set[str] = field(default_factory=set)
 
     def code(self) -> str:
@@ -61,6 +63,24 @@ class Draw:
             if code not in self._codes:
                 self._codes.add(code)
                 return code
+
+    def code_group(self, count: int) -> list[str]:
+        """`count` new codes one digit apart pairwise (all differ in the same place)."""
+        while True:
+            group = digit_variants(self.rng, str(self.rng.randrange(10000, 100000)), count)
+            if not set(group) & self._codes:
+                self._codes.update(group)
+                return group
+
+    def answer_kind(self) -> str:
+        """`number` or `name` by turns, the turn shifted every `num_chunks` prompts (so in a family whose fact
+        cycles over the chunks, each kind meets every chunk)."""
+        return ("number", "name")[(self.index + self.index // self.num_chunks) % 2]
+
+    def people(self, count: int) -> list[str]:
+        """`count` distinct people with plain surnames (the first of each near-identical group)."""
+        return self.rng.sample([f"{g} {group[0]}" for g in self.pool.given_names for group in self.pool.surnames],
+                               count)
 
     def entities(self, count: int) -> list[str]:
         return self.rng.sample(self.pool.entities, count)
@@ -76,6 +96,25 @@ class Draw:
             out.append(build_chunk(self.rng, self.pool, style, facts.get(i, []), depth,
                                    self.chunk_tokens, self.count_tokens))
         return tuple(out)
+
+    def deal(self, facts: list[str], per_chunk: int) -> dict[int, list[str]]:
+        """facts[0] to the target chunk, the others `per_chunk` to a chunk in a random order."""
+        slots = [i for i in range(self.num_chunks) for _ in range(per_chunk)]
+        slots.remove(self.target)
+        self.rng.shuffle(slots)
+        dealt: dict[int, list[str]] = {}
+        for chunk, fact in zip([self.target, *slots], facts):
+            dealt.setdefault(chunk, []).append(fact)
+        return dealt
+
+    def scattered(self, facts: dict[int, list[str]], asked: str) -> tuple[str, ...]:
+        """One prose chunk per index, each fact at its own random depth, `asked` at `depth`. Chunks come out
+        within half a filler sentence of their size, SCATTER_EXTRA tokens over `chunk_tokens` on average (an
+        8-chunk prompt: ~1,030-1,100 tokens, the held-out RAG prompts' length)."""
+        return tuple(scatter_chunk(self.rng, self.pool, "prose",
+                                   [(self.depth if f == asked else self.rng.random(), f) for f in facts.get(i, [])],
+                                   self.chunk_tokens + SCATTER_EXTRA, self.count_tokens)
+                     for i in range(self.num_chunks))
 
     def others(self) -> list[int]:
         return [i for i in range(self.num_chunks) if i != self.target]
@@ -101,16 +140,25 @@ class Family:
     description: str  # one line, for the README
     make: Callable[[Draw], Task]
     min_chunks: int = 1
+    every_position: bool = False  # the fact's chunk cycles over every position, not first / middle / last
 
 
 FAMILIES: dict[str, Family] = {}
+SCATTER_EXTRA = 3  # tokens a scattered chunk adds to its size
 
 
-def family(name: str, description: str, min_chunks: int = 1):
+def family(name: str, description: str, min_chunks: int = 1, every_position: bool = False):
     def add(make: Callable[[Draw], Task]) -> Callable[[Draw], Task]:
-        add_unique(FAMILIES, "family", name, Family(name, description, make, min_chunks))
+        add_unique(FAMILIES, "family", name, Family(name, description, make, min_chunks, every_position))
         return make
     return add
+
+
+def digit_variants(rng: random.Random, digits: str, count: int) -> list[str]:
+    """`digits` and count - 1 variants, each with the same digit (never the first) changed: one apart pairwise."""
+    i = rng.randrange(1, len(digits))
+    others = rng.sample([c for c in "0123456789" if c != digits[i]], count - 1)
+    return [digits] + [digits[:i] + c + digits[i + 1:] for c in others]
 
 
 def _side_fact(d: Draw, entity: str, kind: str) -> str:
@@ -275,3 +323,86 @@ def archive_code(d: Draw) -> Task:
     facts = {i: [_code_fact(d, names[i], kind, code) if i == d.target else _side_fact(d, names[i], kind)]
              for i in range(d.num_chunks)}
     return Task(d.chunks(facts), _code_question(d, names[d.target], kind), (code,))
+
+
+# -- dense distractors: many people or items with the same attribute, the question names one ----------------
+DENSE_PER_CHUNK = 3  # shared_attribute: people per chunk (24 in an 8-chunk prompt)
+NEAR_PER_CHUNK = 2  # near_names: facts per chunk, in groups of NEAR_GROUP near-identical names
+NEAR_GROUP = 3
+
+
+def _attribute(d: Draw, count: int) -> tuple[tuple[str, str], list[str]]:
+    """The attribute every person of the prompt has and `count` distinct values: numbers or names by turn."""
+    if d.answer_kind() == "number":
+        return d.pool.number_attribute, [d.code() for _ in range(count)]
+    return d.pool.name_attribute, d.rng.sample(d.pool.labels, count)
+
+
+@family("shared_attribute", "dense distractors: three people a chunk, all with the same attribute (a number "
+        "or a name); one asked")
+def shared_attribute(d: Draw) -> Task:
+    people = d.people(d.num_chunks * DENSE_PER_CHUNK)
+    (fact, question), values = _attribute(d, len(people))
+    facts = [fact.format(person=p, value=v) for p, v in zip(people, values)]
+    return Task(d.scattered(d.deal(facts, DENSE_PER_CHUNK), facts[0]), question.format(person=people[0]),
+                (values[0],))
+
+
+@family("any_position", "one person a chunk, each with the same profile (a number, a name, a town); the "
+        "asked person's chunk cycles over every position", every_position=True)
+def any_position(d: Draw) -> Task:
+    pool, people = d.pool, d.people(d.num_chunks)
+    numbers, names = [d.code() for _ in people], d.rng.sample(pool.labels, len(people))
+    facts = {i: [pool.number_attribute[0].format(person=p, value=numbers[i]),
+                 pool.name_attribute[0].format(person=p, value=names[i]),
+                 d.rng.choice(pool.profile).format(person=p, place=d.rng.choice(pool.places))]
+             for i, p in enumerate(people)}
+    asked = 0 if d.answer_kind() == "number" else 1
+    answer = (numbers, names)[asked][d.target]
+    question = (pool.number_attribute, pool.name_attribute)[asked][1].format(person=people[d.target])
+    return Task(d.scattered(facts, facts[d.target][asked]), question, (answer,))
+
+
+def _near_groups(d: Draw, count: int, make_group) -> list[str]:
+    """`count` names in groups of NEAR_GROUP near-identical ones (each group from `make_group()`), shuffled
+    inside each group so that the asked name (the first) is any of its group's variants."""
+    names: list[str] = []
+    while len(names) < count:
+        group = make_group()
+        if set(group) & set(names):  # a serial drawn twice: the question would be ambiguous
+            continue
+        d.rng.shuffle(group)
+        names += group
+    return names[:count]
+
+
+def _namesakes(given: str, surnames: tuple[str, ...]) -> list[str]:
+    return [f"{given} {s}" for s in surnames]
+
+
+def _serials(d: Draw) -> list[str]:
+    """NEAR_GROUP serials PREFIX-DDDD one digit apart."""
+    prefix = d.rng.choice(d.pool.item_prefixes)
+    return [f"{prefix}-{v}" for v in digit_variants(d.rng, str(d.rng.randrange(1000, 10000)), NEAR_GROUP)]
+
+
+@family("near_names", "near-identical names: people whose surnames differ by one letter (codes one digit "
+        "apart), or serials one digit apart (names as values), two a chunk; one asked", min_chunks=2)
+def near_names(d: Draw) -> Task:
+    pool, count = d.pool, d.num_chunks * NEAR_PER_CHUNK
+    if d.answer_kind() == "number":
+        surnames = iter(d.rng.sample(pool.surnames, len(pool.surnames)))
+        names = _near_groups(d, count, lambda: _namesakes(d.rng.choice(pool.given_names), next(surnames)))
+        values: list[str] = []
+        while len(values) < count:  # codes of a group one digit apart, as its names are one letter apart
+            values += d.code_group(NEAR_GROUP)
+        fact, question = pool.number_attribute
+        facts = [fact.format(person=n, value=v) for n, v in zip(names, values)]
+        question = question.format(person=names[0])
+    else:
+        names = _near_groups(d, count, lambda: _serials(d))
+        values = d.rng.sample(pool.labels, count)
+        fact, question = pool.item_fact
+        facts = [fact.format(item=n, value=v) for n, v in zip(names, values)]
+        question = question.format(item=names[0])
+    return Task(d.scattered(d.deal(facts, NEAR_PER_CHUNK), facts[0]), question, (values[0],))

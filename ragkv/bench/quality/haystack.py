@@ -44,11 +44,32 @@ def build_chunk(rng: random.Random, pool: Pool, style: str, facts: list[str], de
                 tokens: int, count_tokens: CountTokens) -> str:
     """About `tokens` tokens of `style` filler with `facts` inserted together at `depth` (0 = start)."""
     sep = joiner(style)
-    budget = tokens - count_tokens(sep.join(facts)) if facts else tokens
+    sentences = _filler(rng, pool, style, tokens - count_tokens(sep.join(facts)) if facts else tokens, count_tokens)
+    at = int(round(depth * len(sentences)))
+    return sep.join(sentences[:at] + list(facts) + sentences[at:])
+
+
+def scatter_chunk(rng: random.Random, pool: Pool, style: str, facts: list[tuple[float, str]], tokens: int,
+                  count_tokens: CountTokens) -> str:
+    """About `tokens` tokens of `style` filler with each (depth, fact) inserted on its own at its depth."""
+    sep = joiner(style)
+    budget = tokens - count_tokens(sep.join(f for _, f in facts))
+    sentences = _filler(rng, pool, style, budget - 12, count_tokens)  # up to a sentence short
+    # the last sentence: of a few candidates (or none), the one that brings the chunk nearest its budget
+    options = [[]] + [[filler_sentence(rng, pool, style)] for _ in range(8)]
+    sentences += min(options, key=lambda extra: abs(count_tokens(sep.join(sentences + extra)) - budget))
+    out, start = [], 0
+    for at, n in sorted((int(round(depth * len(sentences))), n) for n, (depth, _) in enumerate(facts)):
+        out += sentences[start:at] + [facts[n][1]]
+        start = at
+    return sep.join(out + sentences[start:])
+
+
+def _filler(rng: random.Random, pool: Pool, style: str, budget: int, count_tokens: CountTokens) -> list[str]:
+    sep = joiner(style)
     sentences: list[str] = []
     while count_tokens(sep.join(sentences)) < budget - 8:
         sentences.append(filler_sentence(rng, pool, style))
         if len(sentences) > 400:
             break
-    at = int(round(depth * len(sentences)))
-    return sep.join(sentences[:at] + list(facts) + sentences[at:])
+    return sentences

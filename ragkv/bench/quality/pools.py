@@ -36,6 +36,15 @@ class Pool:
     passkey_needle: str  # {key}
     passkey_question: str
     assistant: str  # a plain assistant system prompt
+    # dense distractors (shared_attribute, any_position, near_names): many people with the same attributes
+    given_names: tuple[str, ...]
+    surnames: tuple[tuple[str, ...], ...]  # groups of surnames one letter apart pairwise; [0] the plain one
+    labels: tuple[str, ...]  # one-word names an attribute can take (the answer when it is a name)
+    number_attribute: tuple[str, str]  # (fact, question), {person} and {value} slots: a 5-digit number
+    name_attribute: tuple[str, str]  # the same, the value a label
+    item_fact: tuple[str, str]  # (fact, question), {item} (a serial like "KX-4172") and {value} (a label)
+    item_prefixes: tuple[str, ...]  # serials are PREFIX-DDDD
+    profile: tuple[str, ...]  # side sentences about a person, {person} and {place} slots
 
 
 DEV = Pool(
@@ -89,6 +98,25 @@ DEV = Pool(
                       "Reply with the 5-digit number only."),
     assistant=("You are a meticulous research assistant. Read the document carefully, "
                "find the requested fact and answer with it exactly."),
+    given_names=("Halvard", "Maelis", "Torsten", "Ilse", "Corin", "Agathe", "Bertil", "Solveig", "Evander",
+                 "Liesel", "Marten", "Runa", "Casimir", "Edda", "Leopold", "Vigdis"),
+    surnames=(("Brenn", "Brent", "Brend"), ("Tallow", "Tellow", "Tillow"), ("Vasko", "Vesko", "Visko"),
+              ("Orlin", "Orlan", "Orlen"), ("Kessel", "Kassel", "Kossel"), ("Rudge", "Ridge", "Redge"),
+              ("Hollis", "Hallis", "Hellis"), ("Fenwick", "Finwick", "Fanwick"), ("Ambry", "Ambre", "Ambro"),
+              ("Dolan", "Dulan", "Dilan"), ("Skarr", "Skorr", "Skerr"), ("Merrow", "Morrow", "Murrow")),
+    labels=("Bluebell", "Tinder", "Nutmeg", "Pippin", "Sorrow", "Clover", "Biscuit", "Marble", "Thimble",
+            "Pepper", "Drizzle", "Moss", "Acorn", "Puddle", "Sparrow", "Toffee", "Wicket", "Bracken", "Cinnamon",
+            "Fiddle", "Hopper", "Juniperberry", "Kipper", "Lark", "Muffin", "Nimbus", "Oatcake", "Pumpkin",
+            "Quince", "Rascal", "Snowdrop", "Turnip"),
+    number_attribute=("The staff badge of {person} carries the number {value}.",
+                      "What number is on the staff badge of {person}?"),
+    name_attribute=("{person} rides a pony called {value}.", "What is the name of the pony that {person} rides?"),
+    item_fact=("Crate {item} is addressed to a clerk nicknamed {value}.",
+               "What is the nickname of the clerk that crate {item} is addressed to?"),
+    item_prefixes=("KX", "HR", "TV", "BL", "MQ", "DZ"),
+    profile=("{person} moved to {place} some years ago and works the early shift.",
+             "Colleagues say {person} keeps a tidy desk by the window in {place}.",
+             "{person} walks to the office in {place} even when it rains."),
 )
 
 TEST = Pool(
@@ -140,6 +168,25 @@ TEST = Pool(
     passkey_needle="The secret number is {key}. Keep it in mind: {key} is the secret number.",
     passkey_question="A secret number appears in the passage above. Which is it? Give only the number.",
     assistant="You are a careful assistant. Look for the fact the user asks about and quote it precisely.",
+    given_names=("Osric", "Henrike", "Alarik", "Mirela", "Gustav", "Ottilie", "Fabian", "Sigrun", "Lorcan",
+                 "Thyra", "Emeric", "Jorun", "Anselm", "Brisa", "Dorian", "Imke"),
+    surnames=(("Kalder", "Kolder", "Kulder"), ("Pryce", "Pryse", "Pryde"), ("Stannic", "Stennic", "Stinnic"),
+              ("Vorne", "Varne", "Verne"), ("Lisk", "Lusk", "Lesk"), ("Gravell", "Grovell", "Grivell"),
+              ("Thorne", "Thurne", "Tharne"), ("Bexley", "Baxley", "Boxley"), ("Quarrel", "Quirrel", "Querrel"),
+              ("Mallet", "Mullet", "Millet"), ("Ostrand", "Ostrund", "Ostrind"), ("Penrose", "Panrose", "Pinrose")),
+    labels=("Rowan", "Gully", "Sprocket", "Tansy", "Flint", "Mallow", "Brisket", "Dapple", "Emberly",
+            "Fidget", "Gingersnap", "Hickory", "Inkwell", "Jigsaw", "Kettle", "Lupin", "Mustard", "Nettlebud",
+            "Olive", "Paprika", "Quiver", "Ripple", "Saddle", "Tumble", "Umbra", "Velvet", "Waffle", "Yolk",
+            "Zinnia", "Barley", "Cobble", "Dumpling"),
+    number_attribute=("The locker assigned to {person} has the number {value}.",
+                      "Which locker number is assigned to {person}?"),
+    name_attribute=("{person} owns a sheepdog named {value}.", "What is the name of the sheepdog owned by {person}?"),
+    item_fact=("Parcel {item} was signed for by a courier known as {value}.",
+               "Which courier, by nickname, signed for parcel {item}?"),
+    item_prefixes=("QF", "ZN", "WT", "GJ", "PX", "RC"),
+    profile=("{person} grew up near {place} and still visits every summer.",
+             "Neighbours in {place} know {person} for a loud laugh and a red bicycle.",
+             "{person} takes the ferry from {place} on most weekdays."),
 )
 
 POOLS: dict[str, Pool] = {"dev": DEV, "test": TEST}

@@ -22,6 +22,10 @@ def target_chunk(position: str, num_chunks: int) -> int:
     return {"first": 0, "middle": num_chunks // 2, "last": num_chunks - 1}[position]
 
 
+def position_of(chunk: int, num_chunks: int) -> str:
+    return "first" if chunk == 0 else "last" if chunk == num_chunks - 1 else "middle"
+
+
 def placement(index: int) -> tuple[str, float]:
     """Where prompt `index` puts its fact: a Latin square over (chunk position, depth in the chunk).
 
@@ -50,14 +54,19 @@ def make_prompts(split: str, count_tokens, families: list[str] | None = None, pe
             fam = FAMILIES[name]
             for index in range(per_family):
                 position, depth = placement(index)
+                target = target_chunk(position, num_chunks)
+                if fam.every_position:  # the fact's chunk cycles over all of them
+                    target = index % num_chunks
+                    position = position_of(target, num_chunks)
                 seed = SPLIT_SEEDS[split] + zlib.crc32(f"{name}/{size}/{index}".encode())
                 draw = Draw(random.Random(seed), POOLS[split], max(num_chunks, fam.min_chunks),
-                            chunk_tokens, target_chunk(position, num_chunks), depth, count_tokens)
+                            chunk_tokens, target, depth, count_tokens, index=index)
                 task = fam.make(draw)
                 prompts.append(QualityPrompt(family=family_key(name, size, sizes), split=split, index=index,
                                              system_prompt=task.system_prompt, chunks=task.chunks,
                                              question=task.question, answers=task.answers,
-                                             max_new_tokens=task.max_new_tokens, position=position, depth=depth))
+                                             max_new_tokens=task.max_new_tokens, position=position, depth=depth,
+                                             chunk=target))
     return prompts
 
 

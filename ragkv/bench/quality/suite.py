@@ -2,7 +2,7 @@
 
 Families of RAG prompts (ragkv/bench/quality/families.py) in two splits with disjoint vocabularies:
 `dev` for choosing defaults, `test` for the figures we quote. Every configuration runs on the same
-prompts, side by side (evaluate.py). JSON per the README's quality section:
+prompts, side by side (evaluate.py). JSON per docs/benchmarks.md, "Quality suite":
 
     {"split", "available_splits", "codec", "configs",
      "families": {FAMILY: {"n", "prompt_tokens", "full_accuracy",

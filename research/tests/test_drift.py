@@ -1,11 +1,9 @@
-"""Drift (workers/drift.py): the pre-RoPE shift is measured per chunk exactly and applied at each key's position."""
+"""Drift (research/ragkv_research/drift.py): the pre-RoPE shift is measured per chunk exactly and applied at each key's position."""
 
-import pytest
 import torch
 
 from kvstore.rope import rerotate_keys as rotate
-from workers.blend import BlendConfig
-from workers.drift import chunk_index, chunk_means, key_drift, shift_keys, shift_values, value_drift
+from ragkv_research.drift import chunk_index, chunk_means, key_drift, shift_keys, shift_values, value_drift
 
 INV_FREQ = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))  # head dim 16
 
@@ -58,9 +56,3 @@ def test_chunk_index_names_the_span_each_token_is_in():
 def test_zero_drift_leaves_keys_unchanged():
     keys = torch.randn(2, 5, 16)
     assert torch.equal(shift_keys(keys, torch.zeros(2, 5, 16), torch.arange(5), INV_FREQ), keys)
-
-
-@pytest.mark.parametrize("drift", [False, True])
-def test_the_config_name_says_whether_drift_runs(drift):
-    config = BlendConfig(recompute_ratio=0.2, method="deviation", drift=drift)
-    assert config.name == "deviation@0.2" + (":drift" if drift else "")

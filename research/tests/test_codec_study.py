@@ -3,7 +3,7 @@
 import torch
 
 from kvstore.codecs import quant
-from ragkv.bench import codec_study
+from ragkv_research import codec_study
 
 
 def test_lloyd_max_2bit_uses_four_levels_per_group_and_keeps_the_outlier_exact():

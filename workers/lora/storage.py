@@ -17,8 +17,8 @@ from typing import Sequence
 
 from kvstore.kv import ChunkKV
 from kvstore.store import BlockStore
-from workers.research.lora.adapter import LoraAdapter
-from workers.research.lora.lowrank import reconstruct
+from workers.lora.adapter import LoraAdapter
+from workers.lora.lowrank import reconstruct
 from workers.runner import ModelRunner
 
 BASE_NAMESPACE = ""  # the shared base block is the ordinary chunk block

@@ -1,7 +1,7 @@
-"""The key-drift oracle study (ragkv/bench/key_drift_study.py) on one short prompt: exact K/V everywhere
+"""The key-drift oracle study (research/ragkv_research/key_drift_study.py) on one short prompt: exact K/V everywhere
 is the full prefill, and exact keys alone repair most of what plain reuse loses."""
 
-from ragkv.bench.key_drift_study import Oracle  # noqa: F401  (registers the `oracle` config kind)
+from ragkv_research.key_drift_study import Oracle  # noqa: F401  (registers the `oracle` config kind)
 from ragkv.bench.quality.configs import parse_config
 from ragkv.bench.quality.evaluate import evaluate_prompt
 from ragkv.bench.quality.prompts import make_prompts

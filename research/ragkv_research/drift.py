@@ -1,7 +1,8 @@
 """Drift: the context-dependent shift between a chunk's stored K/V and its K/V in the prompt.
 
-A chunk's KV is computed without the chunks before it. Measured on the quality suite's dev
-split (docs/blend.md, "Key drift"), the harm of reusing it sits almost all in the keys:
+Research only: the product's blend loop no longer runs it (its hook left workers/runner.py on 2026-12-06; it was
+off by default and never beat the default on dev). A chunk's KV is computed without the chunks before it. Measured on the quality suite's dev
+split (research/blend.md, "Key drift"), the harm of reusing it sits almost all in the keys:
 
 - exact keys with stored values recover most of full prefill's answers, exact values with
   stored keys do worse than plain reuse;

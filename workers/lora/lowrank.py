@@ -22,7 +22,7 @@ import torch
 
 from kvstore.kv import ChunkKV
 from kvstore.rope import apply_rope, rope_cos_sin
-from workers.research.lora.adapter import LoraAdapter
+from workers.lora.adapter import LoraAdapter
 from workers.runner import ModelRunner
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from dataclasses import replace
+
 from kvstore.kv import ChunkKV
-from workers.blend import BlendConfig, blend_prefill, fuse_chunks
+from workers.blend import BlendConfig
 from workers.generate import SamplingParams, decode
+from workers.modes import plan_for
+from workers.pipeline import HeldChunks, run_prefill
 from workers.prompt import PromptLayout
 from workers.runner import ModelRunner
 
@@ -15,6 +19,6 @@ from workers.runner import ModelRunner
 def answer(runner: ModelRunner, layout: PromptLayout, prefix: ChunkKV, chunks: list[ChunkKV],
            max_new_tokens: int = 12, reuse: bool = False, config: BlendConfig = BlendConfig()) -> list[int]:
     """Greedy token ids. `runner` must be the model the caches belong to (the adapter model)."""
-    cache, computed = fuse_chunks(runner, layout, prefix, chunks)
-    logits, _ = blend_prefill(runner, layout, cache, computed, config, reuse=reuse)
-    return list(decode(runner, cache, logits, layout.num_tokens, SamplingParams(max_new_tokens, 0.0, 1.0, None)))
+    plan = replace(plan_for("reuse" if reuse else "blend", config), shift=False)  # no drift measured per adapter
+    out = run_prefill(runner, layout, plan, HeldChunks(prefix, chunks))
+    return list(decode(runner, out.cache, out.logits, layout.num_tokens, SamplingParams(max_new_tokens, 0.0, 1.0, None)))

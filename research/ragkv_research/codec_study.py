@@ -1,4 +1,6 @@
-"""`ragkv bench codec-study`: which part of a codec's error costs answers.
+"""Which part of a codec's error costs answers (research/codecs.md).
+
+    PYTHONPATH=research python -m ragkv_research.codec_study [--quick] [--json OUT]   (was `ragkv bench codec-study`)
 
 Every variant is scored "codec only" (ragkv.bench.blend.codec_only_prefill): the exact full-prefill KV
 of each chunk, round-tripped through the variant as the store would keep it, the question recomputed
@@ -125,3 +127,22 @@ def run(quick: bool = False, progress: bool = True, num_chunks: int | None = Non
             "prompt_tokens": round(statistics.fmean(prompt_tokens)),
             "codec_only_accuracy": {name: count / len(queries) for name, count in correct.items()},
             "relative_error": errors}
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small version (the test's)")
+    parser.add_argument("--json", dest="json_out", metavar="OUT", help="write the result JSON here")
+    args = parser.parse_args()
+    text = json.dumps(run(quick=args.quick), indent=2)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
-"""Where does plain reuse lose answers? Oracle caches that mix exact and stored chunk KV (docs/blend.md, "Key drift").
+"""Where does plain reuse lose answers? Oracle caches mixing exact and stored chunk KV (research/blend.md, "Key drift").
 
-    python -m ragkv.bench.key_drift_study --split dev --per-family 2 --part 0/2 --json OUT
+    PYTHONPATH=research python -m ragkv_research.key_drift_study --split dev --per-family 2 --part 0/2 --json OUT
 
 Every oracle starts from the fused cache of stored chunks (the engine's chunk form, fp16) and copies
 parts of the exact full-prefill KV of the same chunks over it, then runs the question as plain reuse
@@ -29,8 +29,9 @@ import torch
 from ragkv.bench.quality.configs import Blend, Prepared, config_kind, parse_config
 from workers.blend import BlendConfig, blend_prefill, fuse_chunks
 from workers.cache import KVCache
-from workers.drift import chunk_index, key_drift, shift_keys, shift_values, value_drift
-from workers.selection import SelectionContext, question_attention
+from ragkv_research.drift import chunk_index, key_drift, shift_keys, shift_values, value_drift
+from ragkv_research.selection import question_attention
+from workers.selection import SelectionContext
 
 
 def stored_and_exact(ctx, chunks) -> tuple[KVCache, torch.Tensor, KVCache]:
@@ -91,7 +92,7 @@ class Oracle(Blend):
 @config_kind("shifted")
 @dataclass(frozen=True)
 class ShiftedBlend(Blend):
-    """Blend after each stored chunk is shifted by its own exact mean K (and V) drift (docs/blend.md, "Shift, then blend")."""
+    """Blend after each stored chunk is shifted by its own exact mean K (and V) drift (research/blend.md, "Shift, then blend")."""
 
     spec: str = "kv"
 

@@ -1,0 +1,1 @@
+"""ragkv research: studies and the plug-ins no default uses (not part of the installed product)."""
