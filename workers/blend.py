@@ -27,7 +27,6 @@ import torch
 
 from kvstore.kv import ChunkKV
 from workers.cache import KVCache, LayerKV
-from workers.eviction.chunks import place_chunk
 from workers.prompt import PromptLayout
 from workers.selection import CHECK_LAYER, SELECTIONS, Selection, SelectionContext, make_selection
 
@@ -130,6 +129,27 @@ def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[Chun
     cache = KVCache([LayerKV(keys[i], values[i], positions, None if head_mask is None else head_mask[i])
                      for i in range(shape.num_layers)])
     return cache, computed
+
+
+def place_chunk(keys: torch.Tensor, values: torch.Tensor, head_mask: torch.Tensor, start: int, chunk: ChunkKV,
+                inv_freq: torch.Tensor) -> None:
+    """Write a compressed chunk into fused prompt tensors (in place).
+
+    keys, values: [L, Hkv, P, D]; head_mask: [L, Hkv, P] bool. The chunk's span [start, start + n) is
+    masked out except the kept entries, which go to start + their position, keys re-rotated by `start`."""
+    device, dtype = keys.device, keys.dtype
+    end = start + len(chunk.token_ids)
+    rotated = chunk.keys_at(start, inv_freq, dtype, device)  # [L, Hkv, S, D], post-RoPE: one re-rotation
+    mask = chunk.head_mask.to(device)
+    layer, head, slot = mask.nonzero(as_tuple=True)
+    target = start + chunk.positions.to(device)[layer, head, slot]
+    keys[:, :, start:end] = 0
+    values[:, :, start:end] = 0
+    head_mask[:, :, start:end] = False
+    keys[layer, head, target] = rotated[layer, head, slot]
+    values[layer, head, target] = chunk.values.to(device, dtype)[layer, head, slot]
+    head_mask[layer, head, target] = True
+
 
 
 def chunk_tokens(layout: PromptLayout, computed: torch.Tensor) -> torch.Tensor:

@@ -52,11 +52,13 @@ class ChunkLoader:
         self._prefixes: OrderedDict[str, ChunkKV] = OrderedDict()
 
     def load_or_compute(self, store: BlockStore, token_ids: list[int], namespace: str, pin: bool = False,
-                        compression: CompressionSpec | None = None, form: str | None = None) -> Loaded:
+                        compression: CompressionSpec | None = None, form: str | None = None,
+                        probe: bool = True) -> Loaded:
         """`compression`: the chunk is stored compressed to that spec (its namespace must be chunk_namespace's).
-        `form`: how a miss is computed (workers/chunk_forms.py); None = the loader's chunk form."""
+        `form`: how a miss is computed (workers/chunk_forms.py); None = the loader's chunk form.
+        `probe=False`: the caller has just missed it (get_many); go straight to computing it."""
         address = store.address_for(token_ids, namespace)
-        kv = store.get(address, token_ids)
+        kv = store.get(address, token_ids) if probe else None
         if kv is not None:
             if pin:
                 store.pin(address)
@@ -117,14 +119,19 @@ class StoredChunks:
         return sequences.lookup(layout, self.namespace)
 
     def chunks(self, layout: PromptLayout, first: int = 0) -> list[Loaded]:
+        """Chunks `first`.. : read in one backend call with their cold blocks decoded together
+        (BlockStore.get_many); each miss computed and stored."""
         store = self.loader.store
         faults_before = store.counters.unavailable  # any store fault during this request degrades it
+        wanted = list(zip(layout.chunk_spans, self.compressions))[first:]
+        token_ids = [layout.token_ids[start:end] for (start, end), _ in wanted]
+        namespaces = [chunk_namespace(self.namespace, compression) for _, compression in wanted]
+        found = store.get_many([store.address_for(t, n) for t, n in zip(token_ids, namespaces)], token_ids)
         loaded = []
-        for (start, end), compression in list(zip(layout.chunk_spans, self.compressions))[first:]:
+        for ids, namespace, (_, compression), kv in zip(token_ids, namespaces, wanted, found):
             if self.should_stop():
                 raise Cancelled("request cancelled")
-            loaded.append(self.loader.load_or_compute(store, layout.token_ids[start:end],
-                                                      chunk_namespace(self.namespace, compression),
-                                                      compression=spec_from_json(compression)))
+            loaded.append(Loaded(kv, True) if kv is not None else self.loader.load_or_compute(
+                store, ids, namespace, compression=spec_from_json(compression), probe=False))
         self.degraded = store.degraded or store.counters.unavailable > faults_before
         return loaded

@@ -1,7 +1,7 @@
 """Context drift: the mean shift of a stored chunk's K/V inside a prompt, measured once per model.
 
 A stored chunk was computed after a fixed lead-in (workers/chunk_forms.py), not after the chunks a
-prompt puts before it. Measured on the quality suite's `dev` split (docs/blend.md, "Shift, then blend"):
+prompt puts before it. Measured on the quality suite's `dev` split (research/blend.md, "Shift, then blend"):
 the filler of the chunks that do not hold the answer then pulls the question's attention, and
 shifting every stored chunk entry by the mean drift before blend chooses its tokens removes most
 of that (blend's deviation check then measures what the mean does not explain). The drift of a

@@ -52,7 +52,7 @@ MAX_CHUNK_TOKENS = 4096
 class EngineConfig:
     model: str = "default"
     store: str | None = None  # disk:PATH | redis://HOST:PORT/DB; None = disk under the cache dir
-    codec: str = DEFAULT_CODEC  # chosen by the quality suite (kvstore/codecs/__init__.py, README "Codecs")
+    codec: str = DEFAULT_CODEC  # chosen by the quality suite (kvstore/codecs/__init__.py, docs/benchmarks.md "Codecs")
     device: str | None = None
     memory_budget_bytes: int | None = 256 << 20  # in-memory tier in front of the store; None/0 = off
     decoded_budget_bytes: int = 512 << 20  # decoded chunk KV kept in front of the blocks (kvstore/decoded.py); 0 = off

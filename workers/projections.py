@@ -32,7 +32,7 @@ from kvstore.registry import registrar
 
 PREFILL_KERNELS: dict[str, Callable[[list], "Projections"]] = {}
 AUTO = "auto"  # not a kernel: bf16 where the device multiplies bf16 natively, else fp32 (resolve_prefill_kernel)
-DEFAULT_PREFILL_KERNEL = AUTO  # bf16 chosen on the quality suite's dev split (README "Serving performance")
+DEFAULT_PREFILL_KERNEL = AUTO  # bf16 chosen on the quality suite's dev split (docs/benchmarks.md "Serving performance")
 EXACT_PREFILL_KERNEL = "fp32"  # transformers' own arithmetic
 
 

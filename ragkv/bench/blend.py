@@ -56,7 +56,7 @@ def codec_only_prefill(runner, layout, round_trip) -> tuple[torch.Tensor, KVCach
     `reuse` on a perfect cache, in effect: no context is missing, every chunk token is decoded from the
     codec. (`blend` can beat it: its recomputed tokens carry exact KV.)
     round_trip(keys, values) -> (keys, values) on [L, H, T, D] stored-form KV: a codec's
-    `partial(stored_through, codec)`, or a partial / idealized quantizer (ragkv.bench.codec_study).
+    `partial(stored_through, codec)`, or a partial / idealized quantizer (research: ragkv_research.codec_study).
     -> (logits of the last prompt token [1, vocab], cache)."""
     ids = torch.tensor(layout.token_ids, device=runner.device)
     tail = layout.chunk_spans[-1][1] if layout.chunk_spans else layout.prefix_len
@@ -170,7 +170,7 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
         chunk_tokens: int | None = None, num_queries: int | None = None, codec: str | None = None,
         model: str = "default", settings: tuple[str, ...] = (), prefill_kernel: str | None = None,
         workload: str = "synthetic") -> dict:
-    """The bench JSON (README "Benchmarks", `ragkv bench blend`) for the main setting (8 chunks, or the only one run), plus `runs` for every N.
+    """The bench JSON (CONTRACT "Benchmarks", `ragkv bench blend`) for the main setting (8 chunks, or the only one run), plus `runs` for every N.
 
     `blend` runs the engine's setting for requests without a ratio (the stored calibration, else the default);
     `settings` (`METHOD@RATIO` names) add rows measured side by side, labelled `blend:METHOD@RATIO`.
@@ -180,7 +180,8 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
     if workload != "synthetic":
         from ragkv.bench import reuse
 
-        return reuse.run(workload, num_queries or (3 if quick else 10), model, codec, prefill_kernel, progress)
+        return reuse.run(workload, num_queries or (3 if quick else 10), model, codec, prefill_kernel, progress,
+                         **({"chunk_tokens": chunk_tokens} if chunk_tokens else {}))
 
     codec = codec or EngineConfig.codec
     prefill_kernel = prefill_kernel or EngineConfig.prefill_kernel
@@ -189,7 +190,10 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
     chunk_tokens = chunk_tokens or (96 if quick else 256)
     num_queries = num_queries or (2 if quick else 20)
     with tempfile.TemporaryDirectory(prefix="ragkv-bench-blend-") as tmp:
-        engine = Engine(EngineConfig(model=model, store=f"disk:{tmp}", codec=codec, prefill_kernel=prefill_kernel))
+        # every query runs in every mode over the same chunks: with the sequence tree on, full's exact prefill
+        # would serve the others exactly; this bench measures each mode's own path (--workload: with the tree)
+        engine = Engine(EngineConfig(model=model, store=f"disk:{tmp}", codec=codec, prefill_kernel=prefill_kernel,
+                                     sequence_cache=False))
         try:
             warm = make_queries(1, 2, 32, lambda t: len(engine.runner.tokenize(t)), seed=999)[0]
             for mode in MODES:  # first-call costs (allocator, kernels) stay out of the figures

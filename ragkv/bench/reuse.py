@@ -59,9 +59,10 @@ def _summary(rows: dict[str, Row], count: int, idle: list[float]) -> dict:
             "idle_waits_s": statistics.median(idle) if idle else 0.0}
 
 
-def same_docs(tree_client, plain_client, tree_engine, count_tokens, count: int, progress: bool = True) -> dict:
+def same_docs(tree_client, plain_client, tree_engine, count_tokens, count: int, chunk_tokens: int = 122,
+              progress: bool = True) -> dict:
     """`tree_client` / `plain_client`: SDK clients of servers with / without the sequence tree."""
-    pairs = same_documents(count, count_tokens)
+    pairs = same_documents(count, count_tokens, chunk_tokens=chunk_tokens)
     rows, idle = {mode: Row() for mode in MODES}, []
     for first, second in tqdm(pairs, desc="same documents, another question", disable=not progress):
         ask = dict(chunks=list(second.chunks), max_new_tokens=MAX_NEW_TOKENS)
@@ -75,8 +76,8 @@ def same_docs(tree_client, plain_client, tree_engine, count_tokens, count: int, 
     return {"workload": "same-docs", "api": "grpc (SDK)", **_summary(rows, len(pairs), idle)}
 
 
-def zipf(tree_engine, plain_engine, count_tokens, count: int, progress: bool = True) -> dict:
-    requests = zipf_requests(count, count_tokens)
+def zipf(tree_engine, plain_engine, count_tokens, count: int, chunk_tokens: int = 122, progress: bool = True) -> dict:
+    requests = zipf_requests(count, count_tokens, chunk_tokens=chunk_tokens)
     rows, idle = {mode: Row() for mode in MODES}, []
     for request in tqdm(requests, desc="zipf-popular chunks", disable=not progress):
         ask = dict(question=request.question, chunks=request.chunks, max_new_tokens=MAX_NEW_TOKENS)
@@ -90,7 +91,8 @@ def zipf(tree_engine, plain_engine, count_tokens, count: int, progress: bool = T
 
 
 def run(workload: str, count: int, model: str = "default", codec: str | None = None,
-        prefill_kernel: str | None = None, progress: bool = True) -> dict:
+        prefill_kernel: str | None = None, progress: bool = True, chunk_tokens: int = 122) -> dict:
+    """8 chunks of `chunk_tokens` (122: ~1,100-token prompts, the default model's reliable range)."""
     import tempfile
 
     from client import RagKVClient
@@ -106,16 +108,17 @@ def run(workload: str, count: int, model: str = "default", codec: str | None = N
         count_tokens = lambda text: len(tree.runner.tokenize(text))  # noqa: E731
         try:
             if workload == "zipf":
-                return {**zipf(tree, plain, count_tokens, count, progress), "codec": settings["codec"]}
+                out = zipf(tree, plain, count_tokens, count, chunk_tokens, progress)
+                return {**out, "codec": settings["codec"], "chunk_tokens": chunk_tokens}
             servers = [start_server(ServeConfig(host="127.0.0.1", port=0), engine) for engine in (tree, plain)]
             try:
                 with RagKVClient(f"127.0.0.1:{servers[0].port}", timeout=600) as tree_client, \
                         RagKVClient(f"127.0.0.1:{servers[1].port}", timeout=600) as plain_client:
-                    out = same_docs(tree_client, plain_client, tree, count_tokens, count, progress)
+                    out = same_docs(tree_client, plain_client, tree, count_tokens, count, chunk_tokens, progress)
             finally:
                 for server in servers:
                     server.server.stop(0)
-            return {**out, "codec": settings["codec"]}
+            return {**out, "codec": settings["codec"], "chunk_tokens": chunk_tokens}
         finally:
             plain.close()
             tree.close()

@@ -135,8 +135,10 @@ def run(quick: bool = False, progress: bool = True, max_batch: int = MAX_BATCH, 
             "max_new_tokens": max_new_tokens, "warmup": requests_for(1, groups, 4)[0]}
     batched_plan = {**plan, "concurrency": 4 if quick else 8, "decode_tokens": 32 if quick else 128}
     total = sum(per_client * n for n in client_counts) * 2 + 2 * batched_plan["concurrency"]
-    servers = {"batched": (("--max-batch", str(max_batch)), batched_plan),
-               "unbatched": (("--max-batch", "1"), plan)}
+    # the same blend requests must get the same tokens from both servers: no exact sequence tree, whose idle-time
+    # fills would land at different moments in the two (ragkv bench blend --workload measures the tree)
+    servers = {"batched": (("--max-batch", str(max_batch), "--no-sequence-cache"), batched_plan),
+               "unbatched": (("--max-batch", "1", "--no-sequence-cache"), plan)}
     started = time.perf_counter()
     results = {}
     with tempfile.TemporaryDirectory(prefix="ragkv-serve-") as tmp, \

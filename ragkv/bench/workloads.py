@@ -7,9 +7,10 @@
   popularity draw and orders them by a retriever-like score (popularity times a little noise), so popular
   chunks lead and requests share their leading chunks: what a prefix tree of chunk sequences reuses.
 
-The documents are the quality suite's dense distractors (families.py `shared_attribute`, a split's
-vocabulary): three people a chunk, every one with a 5-digit badge number; a question names one person and
-its answer is that number. Deterministic per seed; plain data out, no model.
+The documents are dense distractors built as the quality suite's `shared_attribute` family builds them
+(families.py `Draw`, a split's vocabulary), denser: PEOPLE_PER_CHUNK people a chunk, every one with a 5-digit
+badge number; a question names one person and its answer is that number. Deterministic per seed; plain
+data out, no model.
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
                         help="blend, quality: the prefill projections (default: the engine's)")
     parser.add_argument("--max-batch", type=_positive, help="serve: the batched server's --max-batch (default 16)")
+    parser.add_argument("--api", choices=("grpc", "http"), default="grpc",
+                        help="serve: http = TTFT through the OpenAI-compatible HTTP API beside gRPC, in one run")
     quality = parser.add_argument_group("quality")
     quality.add_argument("--split", choices=("dev", "test"), default="dev",
                          help="quality: dev for choosing defaults, test (held out) for quoted figures")
@@ -97,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
                       sizes=tuple(args.sizes) if args.sizes else None, configs=args.configs, preset=args.preset,
                       codec=args.codec, answer_tokens=args.answer_tokens,
                       plots=args.plots, report=args.report, model=args.model, prefill_kernel=args.prefill_kernel)
-    if args.suite == "serve":
+    if args.suite == "serve" and args.api == "http":  # HTTP beside gRPC, one server (ragkv/bench/serve_http.py)
+        module = importlib.import_module("ragkv.bench.serve_http")
+    elif args.suite == "serve":
         kwargs.update(plots=args.plots, **({"max_batch": args.max_batch} if args.max_batch else {}))
     result = module.run(**kwargs)
     text = json.dumps(result, indent=2, sort_keys=False)

@@ -70,10 +70,29 @@ def run(args: argparse.Namespace) -> int:
                 refs += client.ingest([text], pin=False)
             _stored_bytes_table(engine, refs, console)
             _ask(client, list(docs.values()), sample_questions(), args.max_new_tokens, console)
+        _ask_openai(running, config, list(docs.values()), sample_questions()[0], args.max_new_tokens, console)
     finally:
         running.drain(5)
         engine.close()
     return 0
+
+
+def _ask_openai(running, config, docs, question, max_new_tokens, console) -> None:
+    """One question through the `openai` package against the OpenAI-compatible API (ragkv serve --http-port):
+    the documents pasted into the message, found in the store by their text."""
+    import openai
+
+    from ragkv.server.openai.app import HttpSettings, served_models, start_http
+
+    running.http = start_http("127.0.0.1", 0, running.engine, running.admission, running.metrics,
+                              HttpSettings(models=served_models(config.model)))
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{running.http.port}/v1", api_key="unused")
+    r = client.chat.completions.create(model=config.model, max_tokens=max_new_tokens, messages=[
+        {"role": "user", "content": "\n\n".join([*docs, question.question])}])
+    stats = r.model_extra["ragkv"]
+    console.print(f"[bold]openai client[/bold] on http://127.0.0.1:{running.http.port}/v1: {question.question!r} -> "
+                  f"{_first_line(r.choices[0].message.content)!r} (chunks hit {stats['chunks_hit']}/{len(docs)}, "
+                  f"TTFT {stats['ttft_s']:.2f}s, {stats['mode']})")
 
 
 def _first_line(text: str, limit: int = 70) -> str:

@@ -8,7 +8,7 @@ from dataclasses import fields
 from kvstore.codecs import CODECS
 from kvstore.plugins import HINT
 from ragkv.commands.errors import flag_error
-from ragkv.config import BATCH_FIELDS, ENGINE_FIELDS, MiB, ServeConfig
+from ragkv.config import BATCH_FIELDS, ENGINE_FIELDS, ServeConfig
 from workers.batching.linear import DECODE_KERNELS
 from workers.projections import prefill_kernel_names
 from workers.chunk_forms import CHUNK_FORMS
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     net.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key)")
     net.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
     store = p.add_argument_group("model and store")
-    store.add_argument("--model", help="default (embedded SmolLM2-135M-Instruct), gemma3-270m or a local HF model directory")
+    store.add_argument("--model", help="default (embedded SmolLM2-135M-Instruct) or a local HF model directory")
     store.add_argument("--store", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
     store.add_argument("--codec", metavar="NAME", type=_codec,
                        help=f"KV codec: {', '.join(sorted(CODECS))} (default {d.codec}: the fewest bytes per token "
@@ -66,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, help=hidden)
     p.add_argument("--max-batch-tokens", type=int, help=hidden)
     p.add_argument("--retain-memory", action=argparse.BooleanOptionalAction, help=hidden)
+    p.add_argument("--sequence-cache", action=argparse.BooleanOptionalAction, help=hidden)
     p.add_argument("--max-message-bytes", type=_size, metavar="BYTES", help=hidden)
     p.add_argument("--grace", type=float, dest="grace_s", metavar="SECONDS", help=hidden)
 

@@ -10,7 +10,6 @@ from kvstore.backends.memory import MemoryTier
 from kvstore.backends.registry import open_backend
 from kvstore.block import decode_block, encode_block
 from kvstore.codecs import DEFAULT_CODEC, make_codec
-from kvstore.codecs.kivi import widths_codec
 from kvstore.store import BlockStore
 from workers.blend import COMPRESSED_METHOD, BlendConfig, fuse_chunks, recompute
 from workers.engine import Engine, EngineConfig
@@ -27,10 +26,6 @@ TEXT = ("The grass is green. The sky is blue. The pass key is 71942. Remember it
         "Here we go. There and back again.")
 OTHER = "Paris is the capital of France. Bananas are yellow. Mount Everest is 8849 metres tall."
 SPEC = CompressionSpec(policy="kvzip", budget=0.3)
-
-# hk4v3 (research/ registers it by name): keys 4-bit over 128-token groups, values 3-bit, rotated, pre-RoPE
-HK4V3 = widths_codec("hk4v3", 4, 3, True, "", key_group=128, value_group=64, rotate=True)
-
 
 @pytest.fixture(scope="module")
 def compressed(runner):
@@ -72,26 +67,6 @@ def test_block_round_trip(compressed, codec):
     damaged[-20] ^= 0xFF  # inside the positions section
     with pytest.raises(Exception):
         decode_block(bytes(damaged))
-
-
-def test_pre_rope_compressed_chunk_places_keys_like_post_rope(runner, compressed):
-    """A compressed chunk through a pre-RoPE codec: each kept key is un-rotated by its own position and rotated
-    at start + that position when fused, the same keys as the post-RoPE block within quantization error."""
-    kv, small, _ = compressed
-    placed = {}
-    for pre in (True, False):
-        back, _ = decode_block(encode_block(small, HK4V3(pre_rope=pre), "fp"))
-        assert back.pre_rope == pre and torch.equal(back.positions, small.positions)
-        placed[pre] = back.keys_at(37, runner.inv_freq)
-    exact = small.keys_at(37, runner.inv_freq)
-    mask = small.head_mask[..., None].expand_as(exact)
-    err = {pre: ((placed[pre] - exact)[mask].norm() / exact[mask].norm()).item() for pre in placed}
-    assert err[True] < 0.06 and err[False] < 0.07  # measured 0.043 / 0.053 on a whole chunk (test_codecs.py)
-    unrotated = small.with_rope(True)  # the pre-RoPE transform alone is exact: each key by its own position
-    truly = kv.with_rope(True).keys.gather(2, small.positions[..., None].expand_as(small.keys))  # [L, H, S, D]
-    assert unrotated.pre_rope and ((unrotated.keys - truly)[mask].norm() / truly[mask].norm()).item() < 1e-5
-    lossless = unrotated.keys_at(37)
-    assert ((lossless - exact)[mask].norm() / exact[mask].norm()).item() < 1e-5
 
 
 @pytest.fixture(params=["disk", "redis", "memory"])

@@ -445,3 +445,20 @@ def test_schema_rejects_bad_values_file():
 def test_schema_rejects_inconsistent_settings(sets, message):
     args = [a for s in sets for a in ("--set", s)]
     assert message in reject(*args)
+
+
+@pytest.mark.parametrize("case, scheme", [("default", "HTTP"), ("tls-auth", "HTTPS")])
+def test_http_api_port_on_the_service_with_health_probes(case, scheme):
+    assert "http" not in {p["name"] for p in server(render(case))["ports"]}  # off unless asked for
+    docs = render(case, "server.httpPort=8000")
+    c = server(docs)
+    assert flag(c, "--http-port") == "8000"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}["http"] == 8000
+    ports = {p["name"]: p for p in one(docs, "Service", "-ragkv")["spec"]["ports"]}
+    assert ports["http"]["port"] == 8000 and ports["http"]["targetPort"] == "http"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http", "scheme": scheme}, probe
+    for version in K8S_VERSIONS:
+        for doc in docs:
+            if (doc["apiVersion"], doc["kind"]) not in CRD_KINDS:
+                kubernetes_validate.validate(doc, version, strict=True)

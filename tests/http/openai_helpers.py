@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import openai
@@ -51,3 +52,16 @@ def stored(engine) -> dict:
 def ragkv_of(response) -> dict:
     """The `ragkv` extension object of an openai-package response."""
     return response.model_extra["ragkv"]
+
+
+def settled(engine, timeout_s: float = 120.0) -> dict:
+    """The store once the engine's idle-time jobs are done (a snapshot unchanged over a second)."""
+    deadline = time.monotonic() + timeout_s
+    last = stored(engine)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = stored(engine)
+        if now == last and not engine.scheduler.background:
+            return now
+        last = now
+    raise AssertionError("the store kept changing")

@@ -92,7 +92,7 @@ def test_engine_uses_the_calibrated_setting_when_no_ratio_is_given(runner, tmp_p
 
     path = tmp_path / "calibration.json"
     record = calibrate(runner, PROMPTS[:1], "fp16", (BlendConfig(recompute_ratio=0.3, method="deviation"),), path=path)
-    monkeypatch.setattr(calibration, "calibration_path", lambda runner, codec: path)
+    monkeypatch.setattr(calibration, "calibration_path", lambda runner, codec, namespace="": path)
     engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="fp16"), runner=runner)
     ask = dict(question=PROMPTS[0].question, chunks=PROMPTS[0].chunks, max_new_tokens=2)
     stats = engine.generate(GenerateRequest(**ask)).stats

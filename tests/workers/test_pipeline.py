@@ -83,10 +83,9 @@ def test_check_calibration_and_quality_suite_run_the_pipelines_recompute(runner,
     held = HeldChunks(runner.chunk_kv(layout.prefix_ids), [runner.chunk_kv(runner.tokenize(t)) for t in texts])
 
     class Ctx:  # the quality suite's per-prompt context, as much of it as a blend config reads
-        runner, default_blend, chunk_form, codec = runner, BlendConfig(), "doc", "fp16"
-
-        def __init__(self):
-            self.layout = layout
+        def __init__(self, model):
+            self.runner, self.layout, self.default_blend, self.chunk_form, self.codec = (
+                model, layout, BlendConfig(), "doc", "fp16")
 
         def prefix_kv(self):
             return held.prefix_kv
@@ -95,7 +94,7 @@ def test_check_calibration_and_quality_suite_run_the_pipelines_recompute(runner,
             return held.chunk_kvs
 
     ran.clear()
-    prepared = parse_config("blend@0.3").prepare(Ctx())
+    prepared = parse_config("blend@0.3").prepare(Ctx(runner))
     assert len(ran) == 1 and torch.isfinite(prepared.logits).all() and prepared.stats["recompute_ratio"] == 0.3
 
     class Prompt:

@@ -92,7 +92,7 @@ class Scheduler:
 
         All model work runs on that one thread (ingest's chunk compute too): torch's OpenMP pool
         throttles its spin-waiting once a second thread owns a team of its own, and a decode step
-        then takes twice as long (measured: README "Serving performance")."""
+        then takes twice as long (measured: docs/benchmarks.md "Serving performance")."""
         if threading.current_thread() is self._driver_thread:
             return fn()
         done = Future()

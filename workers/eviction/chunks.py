@@ -7,7 +7,7 @@ head_mask; the block's positions section), which is less to store, to load and t
 
 - `compress_chunk(runner, kv, spec)`: the chunk's cache -> Compressor (protection: the chunk's
   first `sink_tokens`) -> a compressed ChunkKV whose `compression` is the spec's address JSON;
-- `place_chunk(keys, values, head_mask, start, chunk, ...)`: a compressed chunk put into a fused
+- `place_chunk` (workers/blend.py): a compressed chunk put into a fused
   prompt cache at its offset (workers.blend.fuse_chunks): kept entries at their logical positions,
   the rest masked for their heads. Blend may recompute such a token: its fresh K/V land in the heads
   that hold it and stay invisible in the others (head_mask), so dropped entries are never revived;
@@ -99,26 +99,6 @@ def to_chunk(cache: KVCache, token_ids: list[int], compression: dict,
     positions = positions.masked_fill(~head_mask, 0)
     return ChunkKV(keys=keys * head_mask[..., None], values=values * head_mask[..., None], token_ids=list(token_ids),
                    inv_freq=inv_freq, positions=positions, head_mask=head_mask, compression=compression)
-
-
-def place_chunk(keys: torch.Tensor, values: torch.Tensor, head_mask: torch.Tensor, start: int, chunk: ChunkKV,
-                inv_freq: torch.Tensor) -> None:
-    """Write a compressed chunk into fused prompt tensors (in place).
-
-    keys, values: [L, Hkv, P, D]; head_mask: [L, Hkv, P] bool. The chunk's span [start, start + n) is
-    masked out except the kept entries, which go to start + their position, keys re-rotated by `start`."""
-    device, dtype = keys.device, keys.dtype
-    end = start + len(chunk.token_ids)
-    rotated = chunk.keys_at(start, inv_freq, dtype, device)  # [L, Hkv, S, D], post-RoPE: one re-rotation
-    mask = chunk.head_mask.to(device)
-    layer, head, slot = mask.nonzero(as_tuple=True)
-    target = start + chunk.positions.to(device)[layer, head, slot]
-    keys[:, :, start:end] = 0
-    values[:, :, start:end] = 0
-    head_mask[:, :, start:end] = False
-    keys[layer, head, target] = rotated[layer, head, slot]
-    values[layer, head, target] = chunk.values.to(device, dtype)[layer, head, slot]
-    head_mask[layer, head, target] = True
 
 
 def compact(cache: KVCache) -> None:

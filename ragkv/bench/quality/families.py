@@ -64,18 +64,10 @@ class Draw:
                 self._codes.add(code)
                 return code
 
-    def code_group(self, count: int) -> list[str]:
-        """`count` new codes one digit apart pairwise (all differ in the same place)."""
-        while True:
-            group = digit_variants(self.rng, str(self.rng.randrange(10000, 100000)), count)
-            if not set(group) & self._codes:
-                self._codes.update(group)
-                return group
-
     def answer_kind(self) -> str:
-        """`number` or `name` by turns, the turn shifted every `num_chunks` prompts (so in a family whose fact
+        """`number` or `word` by turns, the turn shifted every `num_chunks` prompts (so in a family whose fact
         cycles over the chunks, each kind meets every chunk)."""
-        return ("number", "name")[(self.index + self.index // self.num_chunks) % 2]
+        return ("number", "word")[(self.index + self.index // self.num_chunks) % 2]
 
     def people(self, count: int) -> list[str]:
         """`count` distinct people with plain surnames (the first of each near-identical group)."""
@@ -326,20 +318,21 @@ def archive_code(d: Draw) -> Task:
 
 
 # -- dense distractors: many people or items with the same attribute, the question names one ----------------
-DENSE_PER_CHUNK = 3  # shared_attribute: people per chunk (24 in an 8-chunk prompt)
-NEAR_PER_CHUNK = 2  # near_names: facts per chunk, in groups of NEAR_GROUP near-identical names
-NEAR_GROUP = 3
+# the density below was set on `dev` (full prefill's accuracy near the held-out RAG prompts': 0.45-0.65)
+DENSE_PER_CHUNK = 2  # shared_attribute: people per chunk (16 in an 8-chunk prompt)
+NEAR_PER_CHUNK = 1  # near_names: facts per chunk, in groups of NEAR_GROUP near-identical names
+NEAR_GROUP = 2
 
 
 def _attribute(d: Draw, count: int) -> tuple[tuple[str, str], list[str]]:
-    """The attribute every person of the prompt has and `count` distinct values: numbers or names by turn."""
+    """The attribute every person of the prompt has and `count` distinct values: numbers or words by turns."""
     if d.answer_kind() == "number":
         return d.pool.number_attribute, [d.code() for _ in range(count)]
     return d.pool.name_attribute, d.rng.sample(d.pool.labels, count)
 
 
-@family("shared_attribute", "dense distractors: three people a chunk, all with the same attribute (a number "
-        "or a name); one asked")
+@family("shared_attribute", "dense distractors: two people a chunk, all with the same attribute (a number "
+        "or a word); one asked")
 def shared_attribute(d: Draw) -> Task:
     people = d.people(d.num_chunks * DENSE_PER_CHUNK)
     (fact, question), values = _attribute(d, len(people))
@@ -348,19 +341,16 @@ def shared_attribute(d: Draw) -> Task:
                 (values[0],))
 
 
-@family("any_position", "one person a chunk, each with the same profile (a number, a name, a town); the "
-        "asked person's chunk cycles over every position", every_position=True)
+@family("any_position", "one person a chunk, each with the same attribute (a number or a word) and a side "
+        "fact; the asked person's chunk cycles over every position", every_position=True)
 def any_position(d: Draw) -> Task:
     pool, people = d.pool, d.people(d.num_chunks)
-    numbers, names = [d.code() for _ in people], d.rng.sample(pool.labels, len(people))
-    facts = {i: [pool.number_attribute[0].format(person=p, value=numbers[i]),
-                 pool.name_attribute[0].format(person=p, value=names[i]),
+    (fact, question), values = _attribute(d, len(people))
+    facts = {i: [fact.format(person=p, value=values[i]),
                  d.rng.choice(pool.profile).format(person=p, place=d.rng.choice(pool.places))]
              for i, p in enumerate(people)}
-    asked = 0 if d.answer_kind() == "number" else 1
-    answer = (numbers, names)[asked][d.target]
-    question = (pool.number_attribute, pool.name_attribute)[asked][1].format(person=people[d.target])
-    return Task(d.scattered(facts, facts[d.target][asked]), question, (answer,))
+    return Task(d.scattered(facts, facts[d.target][0]), question.format(person=people[d.target]),
+                (values[d.target],))
 
 
 def _near_groups(d: Draw, count: int, make_group) -> list[str]:
@@ -376,7 +366,7 @@ def _near_groups(d: Draw, count: int, make_group) -> list[str]:
     return names[:count]
 
 
-def _namesakes(given: str, surnames: tuple[str, ...]) -> list[str]:
+def _namesakes(given: str, surnames: list[str]) -> list[str]:
     return [f"{given} {s}" for s in surnames]
 
 
@@ -386,16 +376,15 @@ def _serials(d: Draw) -> list[str]:
     return [f"{prefix}-{v}" for v in digit_variants(d.rng, str(d.rng.randrange(1000, 10000)), NEAR_GROUP)]
 
 
-@family("near_names", "near-identical names: people whose surnames differ by one letter (codes one digit "
-        "apart), or serials one digit apart (names as values), two a chunk; one asked", min_chunks=2)
+@family("near_names", "near-identical names: pairs of people whose surnames differ by one letter (numbers as "
+        "values), or of serials one digit apart (words as values), one a chunk; one asked", min_chunks=2)
 def near_names(d: Draw) -> Task:
     pool, count = d.pool, d.num_chunks * NEAR_PER_CHUNK
     if d.answer_kind() == "number":
         surnames = iter(d.rng.sample(pool.surnames, len(pool.surnames)))
-        names = _near_groups(d, count, lambda: _namesakes(d.rng.choice(pool.given_names), next(surnames)))
-        values: list[str] = []
-        while len(values) < count:  # codes of a group one digit apart, as its names are one letter apart
-            values += d.code_group(NEAR_GROUP)
+        names = _near_groups(d, count, lambda: _namesakes(d.rng.choice(pool.given_names),
+                                                          d.rng.sample(next(surnames), NEAR_GROUP)))
+        values = [d.code() for _ in names]
         fact, question = pool.number_attribute
         facts = [fact.format(person=n, value=v) for n, v in zip(names, values)]
         question = question.format(person=names[0])

@@ -39,7 +39,7 @@ class Pool:
     # dense distractors (shared_attribute, any_position, near_names): many people with the same attributes
     given_names: tuple[str, ...]
     surnames: tuple[tuple[str, ...], ...]  # groups of surnames one letter apart pairwise; [0] the plain one
-    labels: tuple[str, ...]  # one-word names an attribute can take (the answer when it is a name)
+    labels: tuple[str, ...]  # one-word values an attribute can take (the answer when it is a word)
     number_attribute: tuple[str, str]  # (fact, question), {person} and {value} slots: a 5-digit number
     name_attribute: tuple[str, str]  # the same, the value a label
     item_fact: tuple[str, str]  # (fact, question), {item} (a serial like "KX-4172") and {value} (a label)
@@ -110,9 +110,8 @@ DEV = Pool(
             "Quince", "Rascal", "Snowdrop", "Turnip"),
     number_attribute=("The staff badge of {person} carries the number {value}.",
                       "What number is on the staff badge of {person}?"),
-    name_attribute=("{person} rides a pony called {value}.", "What is the name of the pony that {person} rides?"),
-    item_fact=("Crate {item} is addressed to a clerk nicknamed {value}.",
-               "What is the nickname of the clerk that crate {item} is addressed to?"),
+    name_attribute=("The password chosen by {person} is {value}.", "What password did {person} choose?"),
+    item_fact=("The label on crate {item} reads {value}.", "What does the label on crate {item} read?"),
     item_prefixes=("KX", "HR", "TV", "BL", "MQ", "DZ"),
     profile=("{person} moved to {place} some years ago and works the early shift.",
              "Colleagues say {person} keeps a tidy desk by the window in {place}.",
@@ -180,9 +179,8 @@ TEST = Pool(
             "Zinnia", "Barley", "Cobble", "Dumpling"),
     number_attribute=("The locker assigned to {person} has the number {value}.",
                       "Which locker number is assigned to {person}?"),
-    name_attribute=("{person} owns a sheepdog named {value}.", "What is the name of the sheepdog owned by {person}?"),
-    item_fact=("Parcel {item} was signed for by a courier known as {value}.",
-               "Which courier, by nickname, signed for parcel {item}?"),
+    name_attribute=("The secret word of {person} is {value}.", "Which secret word belongs to {person}?"),
+    item_fact=("The tag on parcel {item} says {value}.", "Which word is written on the tag of parcel {item}?"),
     item_prefixes=("QF", "ZN", "WT", "GJ", "PX", "RC"),
     profile=("{person} grew up near {place} and still visits every summer.",
              "Neighbours in {place} know {person} for a loud laugh and a red bicycle.",
