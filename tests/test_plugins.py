@@ -59,8 +59,21 @@ def test_research_installed_registers_the_moved_names(tmp_path):
         f"assert not set({MOVED_CODECS!r}) & set(CODECS.keys())\n"
         f"print(sorted(type(make_codec(n)).__name__ for n in {MOVED_CODECS!r}))\n"
         f"print(all(n in SELECTIONS for n in {MOVED_METHODS!r}))\n"
+        "from workers.requests import GenerateRequest\n"
+        "print(GenerateRequest(question='q', chunks=('c',), mode='shift').mode)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "research"), str(ROOT)])}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["['HK4V3',", "'K4V2']", "True"]
+    assert out.stdout.split() == ["['HK4V3',", "'K4V2']", "True", "shift"]
+
+
+def test_a_moved_mode_is_invalid_argument_naming_mode():
+    """`shift` (reuse after the context drift) moved to research: without it, a request asking for it is
+    INVALID_ARGUMENT naming `mode` (the gRPC layer maps InvalidArgument to that status)."""
+    from workers.errors import InvalidArgument
+    from workers.requests import GenerateRequest
+
+    with pytest.raises(InvalidArgument, match="shift") as info:
+        GenerateRequest(question="q", chunks=("c",), mode="shift")
+    assert info.value.field == "mode"

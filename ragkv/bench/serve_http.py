@@ -84,7 +84,7 @@ def run(quick: bool = False, progress: bool = True, requests: int | None = None,
                             same_text = same_text and texts[0] == texts[1]
         finally:
             server.stop()
-    modes = {mode: {api_name: _figures(values) for api_name, values in by_api.items()} for mode, by_api in ttfts.items()}
+    modes = {mode: {name: _figures(values) for name, values in by_api.items()} for mode, by_api in ttfts.items()}
     return {
         "api": "http",
         "modes": modes,

@@ -77,3 +77,16 @@ def test_codec_flag_and_config_read_the_codec_registry():
         assert config_from_args(parser.parse_args(["serve", "--codec", name])).codec == name
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--codec", "no-such-codec"])
+
+
+def test_the_demo_retrieves_a_set_per_question():
+    """`ragkv demo` asks each sample question over its own retrieved documents, best first, as a retriever
+    would: the answer's document leads, and the sets differ between questions."""
+    from ragkv.commands.demo import RETRIEVED, retrieve
+    from workers.samples import sample_documents, sample_questions
+
+    docs = list(sample_documents().values())
+    sets = [tuple(retrieve(q.question, docs)) for q in sample_questions()]
+    assert all(len(s) == RETRIEVED for s in sets) and len(set(sets)) > 1
+    for q, retrieved in zip(sample_questions(), sets):
+        assert any(q.answer.lower() in doc.lower() for doc in retrieved), q.question

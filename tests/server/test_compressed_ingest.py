@@ -19,9 +19,9 @@ def test_ingest_compressed_then_every_mode(client, refs):
     assert again[0].id == small[0].id and again[0].cached
     assert client.ingest(CHUNKS[:1], compression=Compression("kvzip", budget=0.8))[0].id != small[0].id
     assert client.lookup([r.id for r in small]) == [True] * len(small)
-    for mode in ("full", "prefix", "reuse", "shift", "blend"):
+    for mode in ("full", "prefix", "reuse", "blend"):
         result = client.generate(Q, chunks=small[:2], mode=mode, max_new_tokens=4)
-        stored = mode in ("reuse", "shift", "blend")
+        stored = mode in ("reuse", "blend")
         assert result.token_ids and result.stats["chunks_hit"] == (2 if stored else 0)
         if stored:
             assert result.stats["compressed_chunks"] == 2

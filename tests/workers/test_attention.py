@@ -63,3 +63,16 @@ def test_blocked_attention_equals_the_masked_attention():
     held[:, 0] = True  # every query sees at least one entry
     torch.testing.assert_close(attend(q, k, v, qp, kp, 0.125, held), _masked_heads(q, k, v, qp, kp, 0.125, held),
                                atol=1e-5, rtol=1e-4)
+
+
+def test_blocked_attention_equals_the_masked_attention_in_bf16():
+    """Blend's recomputed rows in the model dtype: the query blocks match one masked call within bf16 rounding."""
+    torch.manual_seed(1)
+    t = 1100
+    k, v, kp = torch.randn(3, t, 64).bfloat16(), torch.randn(3, t, 64).bfloat16(), torch.arange(t)
+    qp = torch.cat([torch.sort(torch.randperm(t - 50)[:250]).values, torch.arange(t - 50, t)])
+    q = torch.randn(9, qp.numel(), 64).bfloat16()
+    assert query_blocks(qp, kp) is not None
+    out = attend(q, k, v, qp, kp, 0.125)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), _masked(q, k, v, qp, kp, 0.125).float(), atol=2e-2, rtol=2e-2)
