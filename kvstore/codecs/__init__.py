@@ -5,8 +5,7 @@ Hadamard-rotated codecs are research (research/ragkv_research/codecs.py, a plug-
 Math in codecs/quant.py; device dispatch (Triton on CUDA) in kvstore/kernels/dispatch.py."""
 
 from kvstore.codecs.base import CODECS, Codec, CodecError, codec_from_spec, make_codec, register_codec
-from kvstore.codecs.fp16 import FP16
-from kvstore.codecs.fp32 import FP32
+from kvstore.codecs.fp16 import FP16, FP32
 from kvstore.codecs.int4 import Int4
 from kvstore.codecs.int8 import Int8
 from kvstore.codecs.kivi import KiviCodec, Kivi2, register_widths
