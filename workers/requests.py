@@ -138,13 +138,7 @@ class ChatPrompt:
             raise InvalidArgument("messages", "at least one user message is required")
         if not self.documents and not any(m.content.strip() for m in users):
             raise InvalidArgument("messages", "the user messages are empty")
-        if len(self.documents) > MAX_CHUNKS:
-            raise InvalidArgument("documents", f"at most {MAX_CHUNKS} documents per request, got {len(self.documents)}")
-        for i, doc in enumerate(self.documents):
-            if not doc or not doc.strip():
-                raise InvalidArgument(f"documents[{i}]", "must not be empty")
-            if len(doc) > MAX_CHUNK_CHARS:
-                raise InvalidArgument(f"documents[{i}]", f"longer than {MAX_CHUNK_CHARS} characters")
+        check_chunk_texts("documents", self.documents)
 
 
 @dataclass(frozen=True)
@@ -175,13 +169,7 @@ class GenerateRequest:
             raise InvalidArgument("question", f"longer than {MAX_QUESTION_CHARS} characters")
         if not self.chunks:
             raise InvalidArgument("chunks", "at least one chunk is required")
-        if len(self.chunks) > MAX_CHUNKS:
-            raise InvalidArgument("chunks", f"at most {MAX_CHUNKS} chunks per request, got {len(self.chunks)}")
-        for i, chunk in enumerate(self.chunks):
-            if not chunk or not chunk.strip():
-                raise InvalidArgument(f"chunks[{i}]", "must not be empty")
-            if len(chunk) > MAX_CHUNK_CHARS:
-                raise InvalidArgument(f"chunks[{i}]", f"longer than {MAX_CHUNK_CHARS} characters")
+        check_chunk_texts("chunks", self.chunks)
 
     def _check_settings(self) -> None:
         if len(self.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
@@ -198,6 +186,17 @@ class GenerateRequest:
         if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise InvalidArgument("top_p", f"must be in (0, 1], got {self.top_p}")
         check_namespace(self.namespace)
+
+
+def check_chunk_texts(field_name: str, texts: tuple[str, ...]) -> None:
+    """A request's chunk texts (or ids), `chunks` or `documents`: at most MAX_CHUNKS, each non-empty and short."""
+    if len(texts) > MAX_CHUNKS:
+        raise InvalidArgument(field_name, f"at most {MAX_CHUNKS} {field_name} per request, got {len(texts)}")
+    for i, text in enumerate(texts):
+        if not text or not text.strip():
+            raise InvalidArgument(f"{field_name}[{i}]", "must not be empty")
+        if len(text) > MAX_CHUNK_CHARS:
+            raise InvalidArgument(f"{field_name}[{i}]", f"longer than {MAX_CHUNK_CHARS} characters")
 
 
 MAX_NAMESPACE_CHARS = 128
