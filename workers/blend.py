@@ -22,6 +22,7 @@ The one caller is the prefill pipeline (workers/pipeline.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import torch
 
@@ -95,8 +96,10 @@ class Recomputed:
     token_layers: int  # tokens x layers run, the selection's probe passes included
 
 
-def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[ChunkKV]) -> tuple[KVCache, torch.Tensor]:
-    """Fused cache over the whole prompt: exact prefix KV, re-rotated chunk KV, zeros for the rest.
+def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[ChunkKV],
+                head: Sequence[ChunkKV] = ()) -> tuple[KVCache, torch.Tensor]:
+    """Fused cache over the whole prompt: exact prefix KV (the system-prompt prefix, then the `head` pieces,
+    keys already at their real positions, up to layout.prefix_len), re-rotated chunk KV, zeros for the rest.
 
     Returns the cache and `computed` [prompt_len] bool: tokens with no stored KV (must be computed).
     Every stored tensor is copied into the cache's own buffers: the inputs are never written.
@@ -107,8 +110,14 @@ def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[Chun
     keys = torch.empty(shape.num_layers, shape.num_kv_heads, n, shape.head_dim, device=device, dtype=dtype)
     values = torch.empty_like(keys)
     computed = torch.ones(n, dtype=torch.bool, device=device)
-    keys[:, :, : layout.prefix_len] = prefix.keys_at(0, runner.inv_freq, dtype, device)
-    values[:, :, : layout.prefix_len] = prefix.values
+    start = 0
+    for piece in (prefix, *head):  # exact: placed at 0.. as they are, nothing rotated
+        end = start + piece.num_tokens
+        keys[:, :, start:end] = piece.keys_at(0, runner.inv_freq, dtype, device)
+        values[:, :, start:end] = piece.values
+        start = end
+    if start != layout.prefix_len:
+        raise ValueError(f"the exact prefix holds {start} tokens, the layout's {layout.prefix_len}")
     computed[: layout.prefix_len] = False
     head_mask = None  # [L, Hkv, n] once a chunk compressed at ingest is placed: its dropped entries are masked
     for (start, end), chunk in zip(layout.chunk_spans, chunks):

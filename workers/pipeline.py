@@ -140,7 +140,7 @@ def run_prefill(runner, layout: PromptLayout, plan: PrefillPlan, source: ChunkSo
         cache, start = KVCache.empty(runner.shape.num_layers), 0
         if plan.stored_prefix:
             with watch.stage("load"):
-                prefix = _with_head(_count_prefix(source.prefix(layout), stats), source.head(layout), stats)
+                prefix = _joined(_count_prefix(source.prefix(layout), stats), _count_head(source.head(layout), stats))
                 cache, start = KVCache.from_chunk(prefix, device=runner.device, dtype=runner.dtype), prefix.num_tokens
         stats.recomputed_tokens = layout.num_tokens - start
         stats.compute_fraction = stats.recomputed_tokens / layout.num_tokens
@@ -151,12 +151,13 @@ def run_prefill(runner, layout: PromptLayout, plan: PrefillPlan, source: ChunkSo
         return Prefilled(logits, cache, stats)
     with watch.stage("load"):
         head = source.head(layout)
-        prefix = _with_head(_count_prefix(source.prefix(layout), stats), head, stats)
+        prefix = _count_prefix(source.prefix(layout), stats)
+        nodes = _count_head(head, stats)
         chunks = _count_chunks(source.chunks(layout, head.chunks), stats)
         stats.degraded = source.degraded
     rest = _after(layout, head)  # the prompt as blend sees it: the exact head is its prefix
     with watch.stage("fuse"):
-        cache, computed = fuse_chunks(runner, rest, prefix, chunks)
+        cache, computed = fuse_chunks(runner, rest, prefix, chunks, nodes)
     compressed = stats.compressed_chunks > 0
     config = None if plan.blend is None else plan.blend.for_prompt(compressed)
     budget = recompute_budget(config, chunk_tokens(rest, computed).numel())
@@ -191,18 +192,22 @@ def _after(layout: PromptLayout, head: Head) -> PromptLayout:
     return replace(layout, prefix_len=head.end, chunk_spans=layout.chunk_spans[head.chunks:])
 
 
-def _with_head(prefix: ChunkKV, head: Head, stats: PrefillStats) -> ChunkKV:
-    """The system-prompt prefix followed by the head's nodes: one exact ChunkKV at positions 0..end-1
-    (every key already at its real position, so placing it at 0 rotates nothing)."""
-    if not head.chunks:
-        return prefix
+def _count_head(head: Head, stats: PrefillStats) -> list[ChunkKV]:
     stats.sequence_chunks = head.chunks
     stats.chunks_hit += head.chunks  # served from the store, exactly
     stats.kv_bytes_loaded += sum(kv_nbytes(kv) for kv in head.nodes)
+    return head.nodes
+
+
+def _joined(prefix: ChunkKV, nodes: list[ChunkKV]) -> ChunkKV:
+    """The system-prompt prefix followed by the head's nodes as one exact ChunkKV at positions 0..end-1 (for
+    `prefix` mode's cache; every key is already at its real position, so placing it at 0 rotates nothing)."""
+    if not nodes:
+        return prefix
     dtype = prefix.keys.dtype
-    keys = torch.cat([prefix.keys, *(kv.keys.to(prefix.keys.device, dtype) for kv in head.nodes)], dim=2)
-    values = torch.cat([prefix.values, *(kv.values.to(prefix.values.device, dtype) for kv in head.nodes)], dim=2)
-    token_ids = list(prefix.token_ids) + [t for kv in head.nodes for t in kv.token_ids]
+    keys = torch.cat([prefix.keys, *(kv.keys.to(prefix.keys.device, dtype) for kv in nodes)], dim=2)
+    values = torch.cat([prefix.values, *(kv.values.to(prefix.values.device, dtype) for kv in nodes)], dim=2)
+    token_ids = list(prefix.token_ids) + [t for kv in nodes for t in kv.token_ids]
     return ChunkKV(keys, values, token_ids)
 
 
