@@ -81,7 +81,6 @@ class SequenceCache:
     def __init__(self, store: BlockStore):
         self.store = store  # the engine's backend with SEQUENCE_CODEC
         self.counters = SequenceCounters()
-        self._filling: set[str] = set()  # last-piece addresses with a fill queued
 
     def lookup(self, layout: PromptLayout, namespace: str = "") -> Head:
         """The longest run of leading chunk pieces stored (each verified against its token ids)."""
@@ -116,18 +115,16 @@ class SequenceCache:
 
     def fill_job(self, runner, layout: PromptLayout, namespace: str = "") -> Iterator[None] | None:
         """An idle-time job computing the prompt's leading pieces in full and storing their nodes; None when
-        they are stored already or a fill is queued for them."""
+        they are stored already. Two jobs queued for one prompt: the second finds the nodes stored and stops."""
         found = pieces(layout, self.store, namespace)
-        if not found or found[-1].address in self._filling or self.store.contains(found[-1].address):
+        if not found or self.store.contains(found[-1].address):
             return None
-        self._filling.add(found[-1].address)
         return self._fill(runner, layout, namespace, found[-1].address)
 
-    def _fill(self, runner, layout: PromptLayout, namespace: str, key: str) -> Iterator[None]:
-        try:
-            cache = KVCache.empty(runner.shape.num_layers)
-            yield from prefill_units(runner, layout.token_ids[:layout.suffix_start], cache, [])
-            self.store_from(layout, cache, namespace)
-            self.counters.fills += 1
-        finally:
-            self._filling.discard(key)
+    def _fill(self, runner, layout: PromptLayout, namespace: str, last: str) -> Iterator[None]:
+        if self.store.contains(last):  # an earlier job stored them while this one waited
+            return
+        cache = KVCache.empty(runner.shape.num_layers)
+        yield from prefill_units(runner, layout.token_ids[:layout.suffix_start], cache, [])
+        self.store_from(layout, cache, namespace)
+        self.counters.fills += 1
