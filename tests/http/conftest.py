@@ -4,7 +4,7 @@ session's model (fp32 kernels, so greedy `full` equals transformers' generate) a
 from __future__ import annotations
 
 import pytest
-from openai_helpers import Api
+from openai_helpers import TOKEN, Api
 
 from ragkv.config import ServeConfig
 from ragkv.server.admission import Admission
@@ -14,7 +14,6 @@ from workers.batching.scheduler import BatchConfig
 from workers.blend import BlendConfig
 from workers.engine import Engine, EngineConfig
 
-TOKEN = "http-s3cret"
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,10 @@ import openai
 
 from client import RagKVClient
 
+# the guarded server's token; here, not in conftest.py: a bare `from conftest import` finds whichever test
+# folder's conftest module was imported first when tests/http and tests/server run in one session
+TOKEN = "http-s3cret"
+
 DOCS = [
     "The capital of Frobnia is Lindorf. Lindorf was founded in 1432 by the salt merchant Osric Vale.",
     "Zorblat is a cold planet with two moons, Tiv and Rel, and oceans of liquid methane.",

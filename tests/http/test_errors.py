@@ -5,8 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from conftest import TOKEN
-from openai_helpers import QUESTION, stored
+from openai_helpers import QUESTION, TOKEN, settled, stored
 
 GOOD = {"model": "default", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 1}
 
@@ -69,7 +68,7 @@ def test_unknown_model_and_chunk_id_are_404(api):
 
 def test_malformed_and_oversized_bodies_are_400_and_change_nothing(api, guarded):
     http, _ = guarded
-    before = stored(api.engine)
+    before = settled(api.engine)  # earlier tests' idle-time work (sequence nodes) done: it is not this test's
     url = f"http://127.0.0.1:{http.port}/v1/chat/completions"
     auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     for content in (b"{", b"[1, 2]", b'{"model": "default", "messages": [}', b"\xff\xfe\xfd", b"[" * 50_000,
