@@ -181,7 +181,7 @@ def frame_block(kv: ChunkKV, codec: Codec, fingerprint: str, raw: bytes) -> byte
         version=FORMAT_VERSION, codec=codec.name, codec_params=codec.params(), shape=tuple(kv.keys.shape),
         dtype=DTYPE_NAMES[kv.keys.dtype], fingerprint=fingerprint, token_ids=token_ids,
         lz4=bool(flags & FLAG_LZ4), raw_len=len(raw), stored_len=len(stored),
-        inv_freq=tuple(float(f) for f in kv.inv_freq.float().cpu()) if kv.pre_rope else None,
+        inv_freq=tuple(float(f) for f in kv.inv_freq.float().cpu().flatten()) if kv.pre_rope else None,
         compression=kv.compression if kv.positions is not None else None,
     ).to_json()
     if len(header) > MAX_HEADER_BYTES:
@@ -242,7 +242,7 @@ def _parse_header(view: memoryview, version: int, flags: int, header_len: int, t
             raise BlockFormatError("codec must be a name and codec_params an object")
         if not isinstance(h["fingerprint"], str):
             raise BlockFormatError("fingerprint must be a string")
-        inv_freq = _inv_freq(h.get("inv_freq"), shape[3])  # absent = null
+        inv_freq = _inv_freq(h.get("inv_freq"), shape[0], shape[3])  # absent = null
         return BlockHeader(
             version=version, codec=h["codec"], codec_params=h["codec_params"], shape=shape, dtype=h["dtype"],
             fingerprint=h["fingerprint"], token_ids=ids.tolist(), lz4=bool(flags & FLAG_LZ4),
@@ -263,13 +263,13 @@ def _compression(value, flags: int) -> dict | None:
     return value
 
 
-def _inv_freq(value, head_dim: int) -> tuple[float, ...] | None:
-    """null, or head_dim/2 finite floats."""
+def _inv_freq(value, layers: int, head_dim: int) -> tuple[float, ...] | None:
+    """null, or head_dim/2 finite floats (every layer alike), or layers x head_dim/2 (per layer, Gemma 3)."""
     if value is None:
         return None
-    if not isinstance(value, list) or len(value) != head_dim // 2 or \
+    if not isinstance(value, list) or len(value) not in (head_dim // 2, layers * head_dim // 2) or \
             not all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) for f in value):
-        raise BlockFormatError(f"inv_freq must be null or {head_dim // 2} finite numbers")
+        raise BlockFormatError(f"inv_freq must be null or {head_dim // 2} (or {layers} x {head_dim // 2}) finite numbers")
     return tuple(float(f) for f in value)
 
 
@@ -366,6 +366,8 @@ def decode_block(data: bytes, expected_fingerprint: str | None = None,
     if tuple(keys.shape) != header.shape or tuple(values.shape) != header.shape:
         raise BlockShapeError(f"decoded {tuple(keys.shape)}, header says {header.shape}")
     inv_freq = None if header.inv_freq is None else torch.tensor(header.inv_freq, dtype=torch.float32)
+    if inv_freq is not None and inv_freq.numel() != header.shape[3] // 2:  # per layer: [L, 1, 1, D/2]
+        inv_freq = inv_freq.reshape(header.shape[0], 1, 1, -1)
     positions, head_mask = _positions(data, header) if header.compression is not None else (None, None)
     try:
         return ChunkKV(keys=keys, values=values, token_ids=list(header.token_ids), inv_freq=inv_freq,

@@ -4,6 +4,9 @@ RoPE rotates each (x_i, x_{i+D/2}) pair by angle pos * inv_freq_i. Rotations
 compose, so a key rotated for position p becomes the key for position p + delta
 by one more rotation of delta * inv_freq_i — exact up to float rounding, with no
 need for the un-rotated key.
+
+`inv_freq` is [D/2], or [L, 1, 1, D/2] for a model whose layers rotate with different bases (Gemma 3):
+every function here broadcasts it over keys [L, H, T, D]; one layer's keys take `layer_freq(inv_freq, l)`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,12 @@ import torch
 
 # rope types whose frequencies do not depend on the sequence length, so rotation composes exactly
 RE_ROTATABLE_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
+
+
+def layer_freq(inv_freq: torch.Tensor, layer: int) -> torch.Tensor:
+    """One layer's frequencies [D/2] from a model's: [D/2] (every layer alike) or [L, 1, 1, D/2] (per layer,
+    Gemma 3's local and global bases; broadcasts over a chunk's keys [L, H, T, D/2])."""
+    return inv_freq if inv_freq.dim() == 1 else inv_freq[layer].reshape(-1)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

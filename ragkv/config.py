@@ -32,9 +32,10 @@ MiB = 1 << 20
 BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 # EngineConfig fields a flag or a RAGKV_* variable sets (the others are the engine's own business)
 ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes", "chunk_form", "prefill_kernel",
-                 "retain_memory", "sequence_cache", "shadow_sample", "decoded_budget_bytes")
+                 "retain_memory", "sequence_cache", "shadow_sample", "decoded_budget_bytes", "prompt_template")
 BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfig.batch (BatchConfig)
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
+
 
 
 @dataclass(frozen=True)

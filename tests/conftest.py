@@ -27,6 +27,14 @@ def runner():
 
 
 @pytest.fixture(scope="session")
+def gemma_runner():
+    """The second named model (Gemma 3 270M), loaded once per session by the tests that need it."""
+    from workers.runner import ModelRunner
+
+    return ModelRunner.load("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()

@@ -1,4 +1,7 @@
-"""Attention over a KV cache with position-based causal masking (GQA-aware)."""
+"""Attention over a KV cache with position-based causal masking (GQA-aware).
+
+The one masking rule: a query at position p sees cached entries at positions in [p - window + 1, p];
+`window` is None (every earlier position) except on sliding-window layers (Gemma 3's local layers)."""
 
 from __future__ import annotations
 
@@ -7,73 +10,88 @@ import torch.nn.functional as F
 
 
 def visibility_mask(q_positions: torch.Tensor, kv_positions: torch.Tensor,
-                    head_mask: torch.Tensor | None, num_heads: int) -> torch.Tensor:
-    """-> bool [heads or 1, S, T]: query at position p sees cached tokens at positions <= p.
+                    head_mask: torch.Tensor | None, num_heads: int, window: int | None = None) -> torch.Tensor:
+    """-> bool [heads or 1, S, T]: query at position p sees cached tokens at positions in [p - window + 1, p].
 
     kv_positions: [T], or [kv_heads, T] when heads keep different tokens (per-head eviction).
     """
     if kv_positions.dim() == 2:  # [Hkv, T] -> per query head
         groups = num_heads // kv_positions.shape[0]
-        mask = kv_positions.repeat_interleave(groups, dim=0)[:, None, :] <= q_positions[None, :, None]  # [Hq, S, T]
+        kv = kv_positions.repeat_interleave(groups, dim=0)[:, None, :]  # [Hq, 1, T]
+        q = q_positions[None, :, None]  # [1, S, 1]
     else:
-        mask = (kv_positions[None, :] <= q_positions[:, None])[None]  # [1, S, T]
+        kv, q = kv_positions[None, None, :], q_positions[None, :, None]  # [1, 1, T], [1, S, 1]
+    mask = kv <= q  # [Hq or 1, S, T]
+    if window is not None:
+        mask = mask & (kv > q - window)
     if head_mask is not None:  # [kv_heads, T] -> per query head
         groups = num_heads // head_mask.shape[0]
         mask = mask & head_mask.repeat_interleave(groups, dim=0)[:, None, :]  # [Hq, S, T]
     return mask
 
 
-def causal_padding(q_positions: torch.Tensor, kv_positions: torch.Tensor) -> int | None:
+def causal_padding(q_positions: torch.Tensor, kv_positions: torch.Tensor, window: int | None = None) -> int | None:
     """Rows of dummy queries to put in front of q so that SDPA's causal mask is the position rule, or None.
 
     When the queries are the newest cached tokens in increasing positions (a prefill over an empty
     cache: 0 rows; a prefill after a reused prefix: the prefix's length), the rule is the plain causal
     mask once the queries are padded to the cache's length, and SDPA's flash kernel skips the masked
     blocks instead of reading a mask (about half the work of a long prefill). Only when the padding
-    is small against the queries (a quarter), so it never costs more than it saves."""
+    is small against the queries (a quarter), so it never costs more than it saves. Not when a window
+    cuts into the cache (the causal mask has no window)."""
     seq, total = q_positions.numel(), kv_positions.numel()
     pad = total - seq
     if kv_positions.dim() != 1 or seq < 2 or not 0 <= pad <= seq // 4:
+        return None
+    if window is not None and int(q_positions.max() - kv_positions.min()) >= window:
         return None
     if not torch.equal(kv_positions[pad:], q_positions) or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
         return None
     return pad
 
 
-def query_blocks(q_positions: torch.Tensor, kv_positions: torch.Tensor, rows: int = 64) -> list[tuple[int, int, int]] | None:
-    """Blocks of queries, each with the cache prefix it can see: [(first row, end row, keys)], or None.
+def query_blocks(q_positions: torch.Tensor, kv_positions: torch.Tensor, rows: int = 64,
+                 window: int | None = None) -> list[tuple[int, int, int, int]] | None:
+    """Blocks of queries, each with the range of cache entries it can see: [(first row, end row, first key,
+    end key)], or None.
 
     When queries are scattered over a long cache (blend's selected tokens), one SDPA call over every
     key computes S x T scores, most of them masked. Cut into blocks of `rows` queries in position order,
-    a block needs only the keys up to its last query's position. Only for one position row sorted on
-    both sides, and only when it saves at least a quarter of the scores."""
+    a block needs only the keys up to its last query's position (and, under a sliding window, from its
+    first query's window start). Only for one position row sorted on both sides, and only when it saves
+    at least a quarter of the scores."""
     seq, total = q_positions.numel(), kv_positions.numel()
     if kv_positions.dim() != 1 or seq <= rows or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
         return None
     if not bool((q_positions[1:] >= q_positions[:-1]).all()):
         return None
     ends = torch.arange(rows, seq + rows, rows).clamp(max=seq)  # [B] end row of each block
-    keys = torch.searchsorted(kv_positions, q_positions[ends - 1], right=True)  # [B] keys each block sees
     sizes = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
-    if int((sizes * keys).sum()) > 0.75 * seq * total:
+    keys = torch.searchsorted(kv_positions, q_positions[ends - 1], right=True)  # [B] end key of each block
+    firsts = torch.zeros_like(keys)  # [B] first key of each block
+    if window is not None:
+        firsts = torch.searchsorted(kv_positions, q_positions[ends - sizes] - window + 1)
+    if int((sizes * (keys - firsts)).sum()) > 0.75 * seq * total:
         return None
-    return [(int(end - size), int(end), int(n)) for end, size, n in zip(ends, sizes, keys)]
+    return [(int(end - size), int(end), int(a), int(b)) for end, size, a, b in zip(ends, sizes, firsts, keys)]
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_positions: torch.Tensor,
-           kv_positions: torch.Tensor, scale: float, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+           kv_positions: torch.Tensor, scale: float, head_mask: torch.Tensor | None = None,
+           window: int | None = None) -> torch.Tensor:
     """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
     num_heads, seq, head_dim = q.shape
-    pad = causal_padding(q_positions, kv_positions) if head_mask is None else None
-    blocks = query_blocks(q_positions, kv_positions) if pad is None else None
+    pad = causal_padding(q_positions, kv_positions, window) if head_mask is None else None
+    blocks = query_blocks(q_positions, kv_positions, window=window) if pad is None else None
     if blocks is not None:  # each block of queries over the keys it can see: [S, Hq * D]
-        return torch.cat([attend(q[:, a:b], keys[:, :n], values[:, :n], q_positions[a:b], kv_positions[:n], scale,
-                                 None if head_mask is None else head_mask[:, :n]) for a, b, n in blocks])
+        return torch.cat([attend(q[:, a:b], keys[:, lo:hi], values[:, lo:hi], q_positions[a:b], kv_positions[lo:hi],
+                                 scale, None if head_mask is None else head_mask[:, lo:hi], window)
+                          for a, b, lo, hi in blocks])
     if pad is not None:  # zero queries in front, their rows dropped: [Hq, pad + S, D]
         q = torch.cat([q.new_zeros(num_heads, pad, head_dim), q], dim=1) if pad else q
         mask = None
     else:
-        mask = visibility_mask(q_positions, kv_positions, head_mask, num_heads)[None]
+        mask = visibility_mask(q_positions, kv_positions, head_mask, num_heads, window)[None]
     out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=pad is not None,
                                          scale=scale, enable_gqa=keys.shape[0] != num_heads)  # [1, Hq, S', D]
     out = out[:, :, pad:] if pad else out  # [1, Hq, S, D]
@@ -81,12 +99,12 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_position
 
 
 def attention_weights(q: torch.Tensor, keys: torch.Tensor, q_positions: torch.Tensor, kv_positions: torch.Tensor,
-                      scale: float, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+                      scale: float, head_mask: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """Explicit softmax rows (for scoring and diagnostics). q: [Hq, S, D]; keys: [Hkv, T, D] -> [Hq, S, T]."""
     num_heads = q.shape[0]
     groups = num_heads // keys.shape[0]
     k = keys.repeat_interleave(groups, dim=0).float()  # [Hq, T, D]
     scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale  # [Hq, S, T]
-    mask = visibility_mask(q_positions, kv_positions, head_mask, num_heads)
+    mask = visibility_mask(q_positions, kv_positions, head_mask, num_heads, window)
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1)

@@ -52,10 +52,11 @@ def shift_chunks(cache: KVCache, span: tuple[int, int, int], drift: ContextDrift
     start, first_end, end = span
     positions = cache.layers[0].positions[start:end]  # [T]
     slots = (torch.arange(start, end, device=positions.device) >= first_end).long()  # [T]
-    cos, sin = rope_cos_sin(positions, inv_freq.to(positions.device))  # [T, D], once for every layer
+    cos, sin = rope_cos_sin(positions, inv_freq.to(positions.device))  # [T, D] or per layer [L, 1, T, D]: once
     for layer, kv in enumerate(cache.layers):
+        c, s = (cos, sin) if inv_freq.dim() == 1 else (cos[layer, 0], sin[layer, 0])  # [T, D]
         keys = drift.keys[:, layer].to(kv.keys.device)[slots].transpose(0, 1)  # [H, T, D] pre-RoPE
-        kv.keys[:, start:end] += apply_rope(keys, cos, sin).to(kv.keys.dtype)
+        kv.keys[:, start:end] += apply_rope(keys, c, s).to(kv.keys.dtype)
         kv.values[:, start:end] += drift.values[:, layer].to(kv.values.device)[slots].transpose(0, 1).to(kv.values.dtype)
 
 
@@ -85,8 +86,9 @@ def measure(runner, form: str = DEFAULT_CHUNK_FORM) -> ContextDrift:
             if i not in stored:
                 stored[i] = compute_chunk(runner, chunks[i], form)
             for layer, kv in enumerate(cache.layers):
-                true_keys = rerotate_keys(kv.keys[:, start:end].float().cpu(), -kv.positions[start:end].cpu(), runner.inv_freq)
-                own_keys = rerotate_keys(stored[i].keys[layer].float().cpu(), -local, runner.inv_freq)
+                freq = runner.layer_inv_freq(layer)
+                true_keys = rerotate_keys(kv.keys[:, start:end].float().cpu(), -kv.positions[start:end].cpu(), freq)
+                own_keys = rerotate_keys(stored[i].keys[layer].float().cpu(), -local, freq)
                 sums[0, slot, layer] += (true_keys - own_keys).mean(dim=1)
                 sums[1, slot, layer] += (kv.values[:, start:end].float().cpu() - stored[i].values[layer].float().cpu()).mean(dim=1)
             counts[slot] += 1

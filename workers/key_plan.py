@@ -59,7 +59,8 @@ def key_weights(runner) -> torch.Tensor:
         runner.forward(ids, positions, cache, observer=observe)
         start, end = layout.chunk_spans[0][0], layout.chunk_spans[-1][1]
         for layer, kv in enumerate(cache.layers):
-            keys = rerotate_keys(kv.keys[:, start:end].float(), -positions[start:end], runner.inv_freq)  # [Hkv, T, D]
+            freq = runner.layer_inv_freq(layer)
+            keys = rerotate_keys(kv.keys[:, start:end].float(), -positions[start:end], freq)  # [Hkv, T, D]
             spread[layer] += keys.std(dim=1).cpu()
     return energy / len(questions) * (spread / len(questions)) ** 2
 

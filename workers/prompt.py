@@ -4,6 +4,11 @@ Every chunk is tokenized on its own, so a chunk's token ids (and its content
 address) do not depend on its neighbours, and every mode runs on exactly the
 same prompt_token_ids.
 
+A model without a chat template (a base model: Gemma 3 270M) is given `PLAIN_TEMPLATE` when it loads:
+system text, the user content (chunks, then the question), then "Answer:". `ragkv serve --prompt-template
+FILE` replaces the model's template with another (Jinja, as transformers renders chat templates); every
+mode renders the same one.
+
 The general form (`build_turns_prompt`, used by the OpenAI-compatible API) is a conversation whose
 user messages are sequences of pieces joined by "\\n\\n": a piece is text (tokenized on its own,
 computed) or a stored chunk's token ids (served from the store). The gRPC layout is the one-turn
@@ -20,6 +25,12 @@ _SENTINEL = "\x00RAGKV_USER_CONTENT\x00"
 _TURN_SENTINEL = "\x00RAGKV_USER_{}\x00"
 _TURN_RE = re.compile("\x00RAGKV_USER_[0-9]+\x00")
 SEPARATOR = "\n\n"
+PLAIN_TEMPLATE = (  # documents-then-question for models without a chat template
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m.role == 'system' %}{{ m.content }}\n\n"
+    "{% elif m.role == 'user' %}{{ m.content }}\n"
+    "{% else %}Answer: {{ m.content }}\n\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}Answer:{% endif %}")
 
 Piece = Union[str, Sequence[int]]  # text (computed) or a stored chunk's token ids
 
@@ -49,6 +60,14 @@ class Turn:
     """One message: a user message's content is pieces; any other role's is text the template renders."""
     role: str
     pieces: tuple[Piece, ...]
+
+
+def use_template(tokenizer, template: str | None = None) -> None:
+    """Give the tokenizer `template` (Jinja), or PLAIN_TEMPLATE when it has none of its own."""
+    if template:
+        tokenizer.chat_template = template
+    elif not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = PLAIN_TEMPLATE
 
 
 def template_parts(tokenizer, system_prompt: str) -> tuple[str, str]:

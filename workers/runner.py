@@ -1,9 +1,16 @@
-"""ModelRunner: a plain-torch Llama-family forward pass, layer by layer, over a KVCache.
+"""ModelRunner: a plain-torch decoder forward pass, layer by layer, over a KVCache.
 
 The transformers model supplies the weights and modules (projections, norms,
 MLP, rotary frequencies); the runner owns the loop, so blending can send a
 subset of tokens through later layers and eviction can look at queries.
 Batch size is 1: hidden states are [S, hidden].
+
+Two families (workers/model.py): Llama (Llama, Mistral, Qwen2/3, SmolLM) and Gemma 3. What differs is
+read from the modules once, per layer (`ModelShape`, `windows`, `layer_inv_freq`):
+
+    Gemma 3   sliding-window layers (a query at p sees cached positions in [p - window + 1, p]),
+              local and global layers with different RoPE bases, four norms per layer
+              (attention and MLP outputs are normed before the residual), q/k norms, GELU.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from kvstore.rope import RE_ROTATABLE_ROPE_TYPES, RopeTable, apply_rope
 from workers.attention import attend
 from workers.cache import KVCache, LayerKV
 from workers.model import DEFAULT_MODEL, LoadedModel, load_model
+from workers.prompt import use_template
 from workers.projections import (EXACT_PREFILL_KERNEL, PREFILL_KERNELS, Projections, kernel_fingerprint,
                                 resolve_prefill_kernel)
 
@@ -40,9 +48,49 @@ class ModelShape:
     vocab_size: int
 
 
-def _rope_type(config) -> str:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+def _rope_type(params: dict | None) -> str:
+    params = params or {}
     return params.get("rope_type", params.get("type", "default")) or "default"
+
+
+@dataclass(frozen=True)
+class LayerRope:
+    """Each layer's RoPE: Llama has one table for all layers, Gemma 3 one per layer type."""
+
+    inv_freq: tuple[torch.Tensor, ...]  # per layer [D/2] fp32
+    scale: float  # attention_scaling (the same for every layer)
+    rope_types: frozenset[str]
+
+    @classmethod
+    def of(cls, model) -> "LayerRope":
+        config, rotary = model.config, model.model.rotary_emb
+        layers = config.num_hidden_layers
+        if hasattr(rotary, "inv_freq"):  # one table
+            params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+            return cls((rotary.inv_freq.detach().float(),) * layers, float(getattr(rotary, "attention_scaling", 1.0)),
+                       frozenset({_rope_type(params)}))
+        types = config.layer_types  # Gemma 3: "<layer type>_inv_freq" buffers
+        scales = {float(getattr(rotary, f"{t}_attention_scaling")) for t in set(types)}
+        if len(scales) != 1:
+            raise ValueError(f"layers with different RoPE attention scaling {sorted(scales)} are not supported")
+        freqs = {t: getattr(rotary, f"{t}_inv_freq").detach().float() for t in set(types)}
+        return cls(tuple(freqs[t] for t in types), scales.pop(), frozenset(rotary.rope_type[t] for t in set(types)))
+
+    def stacked(self) -> torch.Tensor:
+        """[D/2] when every layer shares one table, else [L, 1, 1, D/2]: broadcasts over keys [L, H, T, D/2]."""
+        first = self.inv_freq[0]
+        if all(torch.equal(f, first) for f in self.inv_freq):
+            return first
+        return torch.stack(self.inv_freq)[:, None, None, :]
+
+
+def _sliding_windows(config) -> tuple[int | None, ...]:
+    """Per layer: the sliding window (Gemma 3's local layers) or None (attends to every earlier position)."""
+    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if any(t not in ("full_attention", "sliding_attention") for t in types):
+        raise ValueError(f"layer types {sorted(set(types))} are not supported")
+    return tuple(window if t == "sliding_attention" and window else None for t in types)
 
 
 class ModelRunner:
@@ -52,6 +100,7 @@ class ModelRunner:
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
+        use_template(self.tokenizer)  # a base model gets the plain documents-then-question template
         self.fingerprint = loaded.fingerprint
         config = self.model.config
         self.config = config
@@ -64,13 +113,21 @@ class ModelRunner:
             vocab_size=config.vocab_size,
         )
         self.layers = self.model.model.layers
-        rotary = self.model.model.rotary_emb
-        self.inv_freq = rotary.inv_freq.detach().float()  # [D/2]
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self.rope_type = _rope_type(config)
+        for cap in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's; None in Gemma 3
+            if getattr(config, cap, None) is not None:
+                raise ValueError(f"{cap} is not supported")
+        rope = LayerRope.of(self.model)
+        self.layer_freqs = rope.inv_freq  # per layer [D/2]
+        self.inv_freq = rope.stacked()  # [D/2], or [L, 1, 1, D/2] (Gemma 3): over a chunk's keys [L, H, T, D]
+        self.rope_scale = rope.scale
+        self.rope_type = "+".join(sorted(rope.rope_types))
+        self.rope_types = rope.rope_types
+        self.windows = _sliding_windows(config)  # per layer: None or the sliding window
+        self.sandwich_norms = hasattr(self.layers[0], "pre_feedforward_layernorm")  # Gemma: norms around attn and MLP
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
-        self.rope = RopeTable(self.inv_freq, self.rope_scale, self.dtype)  # cos/sin by position, scaled
+        tables = {}  # one RopeTable per distinct frequency tensor: cos/sin by position, scaled
+        self.ropes = [tables.setdefault(id(f), RopeTable(f, self.rope_scale, self.dtype)) for f in self.layer_freqs]
         self._decode_weights: dict[tuple[str, int], object] = {}
         self.kernel = EXACT_PREFILL_KERNEL  # prefill projections (workers/projections.py); with_kernel() for others
         self.projections: Projections = PREFILL_KERNELS[self.kernel](self.layers)
@@ -109,7 +166,11 @@ class ModelRunner:
 
     @property
     def can_rerotate(self) -> bool:
-        return self.rope_type in RE_ROTATABLE_ROPE_TYPES
+        return self.rope_types <= RE_ROTATABLE_ROPE_TYPES
+
+    def layer_inv_freq(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s RoPE frequencies [D/2] (for one layer's keys [H, T, D])."""
+        return self.layer_freqs[layer]
 
     @property
     def stop_token_ids(self) -> set[int]:
@@ -137,9 +198,9 @@ class ModelRunner:
         attn = self.layers[layer].self_attn
         seq, head_dim = normed.shape[0], self.shape.head_dim
         q, k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.qkv(layer, normed))
-        if getattr(attn, "q_norm", None) is not None:  # Qwen3
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
             q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = self.rope(positions)  # [S, D], scaled, in the model dtype
+        cos, sin = self.ropes[layer](positions)  # [S, D], scaled, in the model dtype
         q, k = apply_rope(q.transpose(0, 1), cos, sin), apply_rope(k.transpose(0, 1), cos, sin)
         return q, k, v.transpose(0, 1)
 
@@ -156,8 +217,14 @@ class ModelRunner:
             kv.values[:, slots] = v
         if observer is not None:
             observer(layer, q, positions, kv)
-        out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask)
-        hidden = hidden + self.projections.o(layer, out)
+        out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask,
+                     self.windows[layer])
+        out = self.projections.o(layer, out)
+        if self.sandwich_norms:  # Gemma: h += norm(attn); h += norm(mlp(norm(h)))
+            hidden = hidden + block.post_attention_layernorm(out)
+            mlp = self.projections.mlp(layer, block.pre_feedforward_layernorm(hidden))
+            return hidden + block.post_feedforward_layernorm(mlp)
+        hidden = hidden + out
         return hidden + self.projections.mlp(layer, block.post_attention_layernorm(hidden))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -93,7 +93,7 @@ def dequantize_token(codes, scale, zero, bits: int, group_size: int, *, symmetri
                      inv_freq=None, out_dtype: torch.dtype = torch.float32, backend: str | None = None):
     """codes [..., T, D*bits/8] -> [..., T, D] out_dtype; keys re-rotated by `delta` when given."""
     reference.check_bits(bits, symmetric)
-    if resolve_backend(codes, backend) == "torch":
+    if resolve_backend(codes, backend) == "torch" or _per_layer(inv_freq):
         return reference.dequantize_token(codes, scale, zero, bits, group_size, symmetric=symmetric, delta=delta,
                                           inv_freq=inv_freq, out_dtype=out_dtype)
     head_dim = codes.shape[-1] * 8 // bits
@@ -107,7 +107,7 @@ def dequantize_channel(codes, scale, zero, bits: int, group_size: int, *, delta=
                        out_dtype: torch.dtype = torch.float32, backend: str | None = None):
     """codes [..., T, D*bits/8], scale/zero [..., D, ceil(T/G)] -> [..., T, D] out_dtype (re-rotated by delta)."""
     reference.check_bits(bits)
-    if resolve_backend(codes, backend) == "torch":
+    if resolve_backend(codes, backend) == "torch" or _per_layer(inv_freq):
         return reference.dequantize_channel(codes, scale, zero, bits, group_size, delta=delta, inv_freq=inv_freq,
                                             out_dtype=out_dtype)
     head_dim = codes.shape[-1] * 8 // bits
@@ -121,12 +121,18 @@ def rerotate_keys(keys: torch.Tensor, delta, inv_freq: torch.Tensor, out_dtype: 
                   backend: str | None = None) -> torch.Tensor:
     """keys [..., T, D] rotated at positions p -> at p + delta (int, [T], or keys.shape[:-1] per entry: the
     torch path), cast to out_dtype."""
-    if resolve_backend(keys, backend) == "torch" or (torch.is_tensor(delta) and delta.dim() > 1):
+    per_entry = torch.is_tensor(delta) and delta.dim() > 1
+    if resolve_backend(keys, backend) == "torch" or per_entry or _per_layer(inv_freq):
         return reference.rerotate_keys(keys, delta, inv_freq, out_dtype)
     out = _kernels().dequantize(None, None, None, 8, 1, keys.shape[-1], raw=_flat(keys),
                                 delta=_check_rotation(delta, inv_freq), inv_freq=inv_freq,
                                 out_dtype=out_dtype or keys.dtype)
     return out.reshape(keys.shape)
+
+
+def _per_layer(inv_freq) -> bool:
+    """Per-layer frequencies [L, 1, 1, D/2] (Gemma 3): the Triton kernel takes one table, so the torch path."""
+    return inv_freq is not None and inv_freq.dim() > 1
 
 
 def _check_rotation(delta, inv_freq):

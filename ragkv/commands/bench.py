@@ -8,7 +8,8 @@ import json
 import sys
 
 from ragkv.bench.quality.presets import PRESETS  # names only: no torch
-from ragkv.commands.errors import checked_by
+from ragkv.commands.errors import checked_by, checked_model
+from workers.model import MODEL_HELP
 from workers.projections import prefill_kernel_names
 
 SUITES = ("codecs", "store", "blend", "eviction", "quality", "serve", "lora", "precompute", "load")
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", nargs="+", metavar="METHOD@RATIO", type=_setting,
                         help="blend: extra blend settings measured side by side (e.g. deviation@0.15)")
     parser.add_argument("--codec", help="blend, quality: codec of the stored chunks (default: the engine's)")
-    parser.add_argument("--model", default="default", help="default or a local HF model directory")
+    parser.add_argument("--model", default="default", help=MODEL_HELP)
     parser.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
                         help="blend, quality: the prefill projections (default: the engine's)")
     parser.add_argument("--max-batch", type=_positive, help="serve: the batched server's --max-batch (default 16)")
@@ -87,6 +88,7 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    checked_model("bench", args.model)
     module = importlib.import_module(f"ragkv.bench.{args.suite.replace('-', '_')}")
     kwargs = {"quick": args.quick}
     if args.suite == "blend":

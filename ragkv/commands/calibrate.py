@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 
-from ragkv.commands.errors import checked_by, flag_error
+from ragkv.commands.errors import checked_by, checked_model, flag_error
+from workers.model import MODEL_HELP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default", help="default or a local HF model directory")
+    parser.add_argument("--model", default="default", help=MODEL_HELP)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--codec", default=None, help="codec of the stored chunks (default: the server's default)")
     parser.add_argument("--per-family", type=int, default=2, help="dev prompts per quality-suite family")
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from workers.runner import ModelRunner
 
     console = Console()
+    checked_model("calibrate", args.model)
     codec = args.codec or _default_codec()
     if args.requests:
         return run_traffic(args, codec, console)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from ragkv.commands.errors import checked_model
+from workers.model import MODEL_HELP
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default", help="default or a local HF model directory")
+    parser.add_argument("--model", default="default", help=MODEL_HELP)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
 
 
@@ -17,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     from workers.runner import ModelRunner
     from workers.selfcheck import run_self_check
 
-    runner = ModelRunner.load(args.model, device=args.device)
+    runner = ModelRunner.load(checked_model("check", args.model), device=args.device)
     results = run_self_check(runner)
     table = Table(title=f"ragkv self-check: {args.model} (rope {runner.rope_type})")
     for column in ("check", "max error", "tolerance", "result", "detail"):

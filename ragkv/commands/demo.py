@@ -14,10 +14,12 @@ import statistics
 
 from kvstore.backends.redis_backend import redact_url
 from kvstore.codecs import CODECS, DEFAULT_CODEC
+from ragkv.commands.errors import checked_model
+from workers.model import MODEL_HELP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default", help="default or a local HF model directory")
+    parser.add_argument("--model", default="default", help=MODEL_HELP)
     parser.add_argument("--store", default="", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
     # unset: the serving default (kvstore.codecs.DEFAULT_CODEC, chosen by the quality suite); the stored-bytes
     # table still shows what every codec would take
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ragkv.server.app import build_engine, start_server
 
     console = Console(width=max(Console().width, 150))
-    config = ServeConfig(host="127.0.0.1", port=0).with_overrides(model=args.model, store=args.store, codec=args.codec)
+    config = ServeConfig(host="127.0.0.1", port=0).with_overrides(model=checked_model("demo", args.model), store=args.store, codec=args.codec)
     with console.status(f"loading model {args.model!r} (first run converts the GGUF once)..."):
         engine = build_engine(config)
     running = start_server(config, engine)

@@ -25,6 +25,17 @@ def flag_error(command: str, message: str) -> FlagError:
     return error
 
 
+def checked_model(command: str, source: str) -> str:
+    """--model's value when ragkv serves it (a named model, or a directory of a supported architecture), else
+    one line naming the architecture and the supported ones, exit 2; nothing is loaded."""
+    from workers.model import check_model_source
+
+    try:
+        return check_model_source(source)
+    except (ValueError, FileNotFoundError) as e:
+        raise flag_error(command, str(e)) from e
+
+
 def checked_by(parse: Callable[[str], object]) -> Callable[[str], str]:
     """An argparse type: the text when `parse(text)` accepts it, else its ValueError as the flag's one-line
     error (`parse` imports what it needs on use: torch loads only when the flag is given)."""

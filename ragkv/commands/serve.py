@@ -12,6 +12,7 @@ from ragkv.config import BATCH_FIELDS, ENGINE_FIELDS, ServeConfig
 from workers.batching.linear import DECODE_KERNELS
 from workers.projections import prefill_kernel_names
 from workers.chunk_forms import CHUNK_FORMS
+from workers.model import MODEL_HELP
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,7 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     net.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key)")
     net.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
     store = p.add_argument_group("model and store")
-    store.add_argument("--model", help="default (embedded SmolLM2-135M-Instruct) or a local HF model directory")
+    store.add_argument("--model", help=MODEL_HELP)
+    store.add_argument("--prompt-template", metavar="FILE", type=_template_file,
+                       help="Jinja chat template replacing the model's own, in every mode (default: the model's; "
+                            "a model without one gets a plain documents-then-question template)")
     store.add_argument("--store", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
     store.add_argument("--codec", metavar="NAME", type=_codec,
                        help=f"KV codec: {', '.join(sorted(CODECS))} (default {d.codec}: the fewest bytes per token "
@@ -71,6 +75,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=float, dest="grace_s", metavar="SECONDS", help=hidden)
 
 
+def _template_file(path: str) -> str:
+    """The template's text, else the flag's one-line error."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {e}") from None
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{path} is empty")
+    return text
+
+
 def _codec(name: str) -> str:
     """A registered codec (a plug-in's too: CODECS loads them on a miss), else the flag's one-line error."""
     if name not in CODECS:
@@ -94,14 +109,14 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 def check_paths(config: ServeConfig) -> None:
     """What can be checked before the model loads: the store URL's scheme, a --model directory."""
     from kvstore.backends.registry import url_scheme
-    from workers.model import DEFAULT_MODEL, resolve_model_dir
+    from workers.model import NAMED_MODELS, resolve_model_dir
 
     try:
         url_scheme(config.store_url)
     except ValueError as e:
         raise ValueError(f"--store: {e}") from e
-    if config.model != DEFAULT_MODEL:
-        resolve_model_dir(config.model)  # FileNotFoundError names --model
+    if config.model not in NAMED_MODELS:
+        resolve_model_dir(config.model)  # FileNotFoundError or UnsupportedModel, naming --model
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from workers.attention import attend, causal_padding, query_blocks, visibility_mask
 
 
-def _masked(q, k, v, qp, kp, scale):
-    mask = visibility_mask(qp, kp, None, q.shape[0])[None]
+def _masked(q, k, v, qp, kp, scale, window=None):
+    mask = visibility_mask(qp, kp, None, q.shape[0], window)[None]
     out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1).reshape(q.shape[1], -1)
 
@@ -43,8 +43,9 @@ def test_query_blocks_cut_scattered_queries_to_the_keys_they_see():
     kp = torch.arange(1000)
     scattered = torch.arange(0, 1000, 5)  # 200 queries spread over the cache, as blend's selected tokens
     blocks = query_blocks(scattered, kp, rows=64)
-    assert [(a, b) for a, b, _ in blocks] == [(0, 64), (64, 128), (128, 192), (192, 200)]
+    assert [(a, b) for a, b, _, _ in blocks] == [(0, 64), (64, 128), (128, 192), (192, 200)]
     assert [n for *_, n in blocks] == [316, 636, 956, 996]  # up to each block's last query position
+    assert {lo for _, _, lo, _ in blocks} == {0}  # no window: from the first key
     assert query_blocks(torch.arange(900, 1000), kp, rows=64) is None  # the newest tokens: nothing to save
     assert query_blocks(scattered[:64], kp, rows=64) is None  # one block
     assert query_blocks(scattered.flip(0), kp, rows=64) is None  # queries out of order
@@ -76,3 +77,29 @@ def test_blocked_attention_equals_the_masked_attention_in_bf16():
     out = attend(q, k, v, qp, kp, 0.125)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), _masked(q, k, v, qp, kp, 0.125).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_a_sliding_window_sees_only_its_last_window_positions():
+    """Gemma 3's local layers: a query at p sees positions [p - window + 1, p], on every attention path."""
+    qp, kp = torch.tensor([10, 11, 20]), torch.arange(21)
+    mask = visibility_mask(qp, kp, None, 1, window=4)[0]
+    assert mask[0].nonzero().flatten().tolist() == [7, 8, 9, 10]
+    assert mask[2].nonzero().flatten().tolist() == [17, 18, 19, 20]
+    torch.manual_seed(2)
+    t, window = 700, 128
+    k, v, kp = torch.randn(1, t, 64), torch.randn(1, t, 64), torch.arange(t)
+    q = torch.randn(4, t, 64)
+    assert causal_padding(kp, kp, window) is None  # the causal fast path has no window
+    assert causal_padding(kp[:window], kp[:window], window) == 0  # unless the window covers the whole cache
+    blocks = query_blocks(kp, kp, window=window)  # a full prefill: each block from its first query's window
+    assert blocks is not None and all(lo == max(0, a - window + 1) for a, _, lo, _ in blocks)
+    torch.testing.assert_close(attend(q, k, v, kp, kp, 0.125, window=window), _masked(q, k, v, kp, kp, 0.125, window),
+                               atol=1e-5, rtol=1e-4)
+    qp = torch.cat([torch.sort(torch.randperm(t - 40)[:160]).values, torch.arange(t - 40, t)])  # blend's rows
+    torch.testing.assert_close(attend(q[:, qp], k, v, qp, kp, 0.125, window=window),
+                               _masked(q[:, qp], k, v, qp, kp, 0.125, window), atol=1e-5, rtol=1e-4)
+    # changing a key outside every query's window changes nothing
+    k2 = k.clone()
+    k2[:, :t - 64 - window] = 100.0
+    torch.testing.assert_close(attend(q[:, -64:], k2, v, kp[-64:], kp, 0.125, window=window),
+                               attend(q[:, -64:], k, v, kp[-64:], kp, 0.125, window=window))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvstore.rope import layer_freq
 from workers.attention import attention_weights
 from workers.cache import KVCache, LayerKV
 from workers.eviction import scores
@@ -265,7 +266,7 @@ class Compressor:
             if self.inv_freq is not None and self.policy.rerotate:
                 kv = cache.layers[i]
                 if kv.positions.dim() == 1 and int(kv.positions.max() - kv.positions.min()) + 1 > 2 * kv.num_tokens:
-                    cache.layers[i] = compact_positions(kv, self.inv_freq)
+                    cache.layers[i] = compact_positions(kv, layer_freq(self.inv_freq, i))
         self._max_cache_tokens = max(self._max_cache_tokens, max(kv.num_tokens for kv in cache.layers))
 
     def decode_hooks(self) -> DecodeHooks:

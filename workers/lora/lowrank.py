@@ -79,7 +79,7 @@ def reconstruct(runner: ModelRunner, base: ChunkKV, parts: ChunkKV, adapter: Lor
         if "k_proj" in adapter.targets:
             dk = lora_delta(parts.keys[layer, 0].to(keys.device), adapter.b(layer, "k_proj").to(keys.device),
                             adapter.scaling, heads)
-            keys[layer] += rope_at_chunk_positions(dk, runner.inv_freq, runner.rope_scale).to(keys.dtype)
+            keys[layer] += rope_at_chunk_positions(dk, runner.layer_inv_freq(layer), runner.rope_scale).to(keys.dtype)
         if "v_proj" in adapter.targets:
             dv = lora_delta(parts.values[layer, 0].to(values.device), adapter.b(layer, "v_proj").to(values.device),
                             adapter.scaling, heads)
