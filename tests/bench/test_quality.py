@@ -115,18 +115,20 @@ def test_exact_configs_agree_with_full(runner):
 
 
 def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
-    """`ragkv bench quality --quick --answer-tokens 6 --json OUT --plots DIR`, in process (the session's model
-    is reused)."""
+    """`ragkv bench quality --quick --families ... --answer-tokens 6 --json OUT --plots DIR`, in process (the
+    session's model is reused)."""
     from ragkv.cli import main
 
     out, plots = tmp_path / "quality.json", tmp_path / "plots"
-    # short answers keep this smoke test cheap: the JSON, plots, report and merge do not depend on their length
-    assert main(["bench", "quality", "--quick", "--answer-tokens", "6", "--json", str(out), "--plots", str(plots),
-                 "--report", str(tmp_path / "q.md")]) == 0
+    # four families and short answers keep this smoke test cheap (all 15: 140 s): the JSON, plots, report and
+    # merge do not depend on how many families or how long the answers are
+    families = ["single_needle", "multi_key", "table", "shared_attribute"]
+    assert main(["bench", "quality", "--quick", "--families", ",".join(families), "--answer-tokens", "6",
+                 "--json", str(out), "--plots", str(plots), "--report", str(tmp_path / "q.md")]) == 0
     capsys.readouterr()
     result = json.loads(out.read_text())
     assert result["split"] == "dev" and result["available_splits"] == ["dev", "test"] and result["answer_tokens"] == 6
-    assert len(result["families"]) >= 8
+    assert sorted(result["families"]) == sorted(families)
     for data in result["families"].values():
         assert data["n"] >= 1 and data["prompt_tokens"] > 0
         for metric in ("accuracy", "agreement_vs_full", "kl_vs_full", "kv_bytes_vs_full"):
