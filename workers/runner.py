@@ -84,10 +84,12 @@ class LayerRope:
         return torch.stack(self.inv_freq)[:, None, None, :]
 
 
-def _sliding_windows(config) -> tuple[int | None, ...]:
-    """Per layer: the sliding window (Gemma 3's local layers) or None (attends to every earlier position)."""
-    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+def sliding_windows(config) -> tuple[int | None, ...]:
+    """Per layer: the sliding window (Gemma 3's local layers; every layer of a Mistral config with one) or None
+    (attends to every earlier position)."""
     window = getattr(config, "sliding_window", None)
+    everywhere = "sliding_attention" if window and getattr(config, "use_sliding_window", True) else "full_attention"
+    types = getattr(config, "layer_types", None) or [everywhere] * config.num_hidden_layers
     if any(t not in ("full_attention", "sliding_attention") for t in types):
         raise ValueError(f"layer types {sorted(set(types))} are not supported")
     return tuple(window if t == "sliding_attention" and window else None for t in types)
@@ -122,7 +124,7 @@ class ModelRunner:
         self.rope_scale = rope.scale
         self.rope_type = "+".join(sorted(rope.rope_types))
         self.rope_types = rope.rope_types
-        self.windows = _sliding_windows(config)  # per layer: None or the sliding window
+        self.windows = sliding_windows(config)  # per layer: None or the sliding window
         self.sandwich_norms = hasattr(self.layers[0], "pre_feedforward_layernorm")  # Gemma: norms around attn and MLP
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype

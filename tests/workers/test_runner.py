@@ -51,3 +51,16 @@ def test_prompt_layout_tokenizes_chunks_independently(runner):
     assert one.prefix_ids == two.prefix_ids
     text = runner.tokenizer.decode(one.token_ids)
     assert "First chunk.\n\nSecond chunk.\n\nQuestion?" in text and "Be brief." in text
+
+
+def test_sliding_windows_are_read_from_the_config():
+    """Gemma 3 lists its layer types; a Mistral config's window covers every layer; Qwen2's is off unless asked."""
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config
+
+    from workers.runner import sliding_windows
+
+    assert sliding_windows(MistralConfig(num_hidden_layers=2, sliding_window=4096)) == (4096, 4096)
+    assert sliding_windows(LlamaConfig(num_hidden_layers=2)) == (None, None)
+    assert sliding_windows(Qwen2Config(num_hidden_layers=2, sliding_window=512)) == (None, None)
+    gemma = Gemma3TextConfig(num_hidden_layers=6, sliding_window=512)
+    assert sliding_windows(gemma) == (512,) * 5 + (None,)
