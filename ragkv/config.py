@@ -37,7 +37,6 @@ BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfi
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
 
-
 @dataclass(frozen=True)
 class ServeConfig:
     host: str = "127.0.0.1"

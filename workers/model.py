@@ -184,13 +184,14 @@ def converted_dir(name: str = DEFAULT_MODEL) -> Path:
 
 
 def resolve_model_dir(source: str) -> Path:
-    """A named model's converted copy, or a local directory whose architecture the runner serves."""
+    """A named model's converted copy, or a local directory; either of an architecture the runner serves."""
     if source in NAMED_MODELS:
-        return converted_dir(source)
-    path = Path(source).expanduser()
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"--model {source}: not a Hugging Face model directory (no config.json) "
-                                f"and not a named model ({', '.join(NAMED_MODELS)})")
+        path = converted_dir(source)
+    else:
+        path = Path(source).expanduser()
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"--model {source}: not a Hugging Face model directory (no config.json) "
+                                    f"and not a named model ({', '.join(NAMED_MODELS)})")
     model_family(path, source)
     return path
 
@@ -271,7 +272,6 @@ def load_model(source: str = DEFAULT_MODEL, device: str | None = None, dtype: to
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = resolve_model_dir(source)
-    model_family(model_dir, source)
     dev = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=pick_dtype(dev, dtype), attn_implementation="sdpa")
     model.to(dev).eval()

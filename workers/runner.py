@@ -57,7 +57,8 @@ def _rope_type(params: dict | None) -> str:
 class LayerRope:
     """Each layer's RoPE: Llama has one table for all layers, Gemma 3 one per layer type."""
 
-    inv_freq: tuple[torch.Tensor, ...]  # per layer [D/2] fp32
+    tables: tuple[torch.Tensor, ...]  # the distinct frequency tables [D/2] fp32
+    index: tuple[int, ...]  # per layer: its table in `tables`
     scale: float  # attention_scaling (the same for every layer)
     rope_types: frozenset[str]
 
@@ -67,21 +68,21 @@ class LayerRope:
         layers = config.num_hidden_layers
         if hasattr(rotary, "inv_freq"):  # one table
             params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-            return cls((rotary.inv_freq.detach().float(),) * layers, float(getattr(rotary, "attention_scaling", 1.0)),
-                       frozenset({_rope_type(params)}))
+            return cls((rotary.inv_freq.detach().float(),), (0,) * layers,
+                       float(getattr(rotary, "attention_scaling", 1.0)), frozenset({_rope_type(params)}))
         types = config.layer_types  # Gemma 3: "<layer type>_inv_freq" buffers
-        scales = {float(getattr(rotary, f"{t}_attention_scaling")) for t in set(types)}
+        kinds = list(dict.fromkeys(types))  # in order of first use
+        scales = {float(getattr(rotary, f"{t}_attention_scaling")) for t in kinds}
         if len(scales) != 1:
             raise ValueError(f"layers with different RoPE attention scaling {sorted(scales)} are not supported")
-        freqs = {t: getattr(rotary, f"{t}_inv_freq").detach().float() for t in set(types)}
-        return cls(tuple(freqs[t] for t in types), scales.pop(), frozenset(rotary.rope_type[t] for t in set(types)))
+        return cls(tuple(getattr(rotary, f"{t}_inv_freq").detach().float() for t in kinds),
+                   tuple(kinds.index(t) for t in types), scales.pop(), frozenset(rotary.rope_type[t] for t in kinds))
 
     def stacked(self) -> torch.Tensor:
         """[D/2] when every layer shares one table, else [L, 1, 1, D/2]: broadcasts over keys [L, H, T, D/2]."""
-        first = self.inv_freq[0]
-        if all(torch.equal(f, first) for f in self.inv_freq):
-            return first
-        return torch.stack(self.inv_freq)[:, None, None, :]
+        if len(self.tables) == 1:
+            return self.tables[0]
+        return torch.stack([self.tables[i] for i in self.index])[:, None, None, :]
 
 
 def sliding_windows(config) -> tuple[int | None, ...]:
@@ -118,18 +119,14 @@ class ModelRunner:
         for cap in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's; None in Gemma 3
             if getattr(config, cap, None) is not None:
                 raise ValueError(f"{cap} is not supported")
-        rope = LayerRope.of(self.model)
-        self.layer_freqs = rope.inv_freq  # per layer [D/2]
-        self.inv_freq = rope.stacked()  # [D/2], or [L, 1, 1, D/2] (Gemma 3): over a chunk's keys [L, H, T, D]
-        self.rope_scale = rope.scale
-        self.rope_type = "+".join(sorted(rope.rope_types))
-        self.rope_types = rope.rope_types
+        self.rope = LayerRope.of(self.model)  # the distinct tables and each layer's
+        self.inv_freq = self.rope.stacked()  # [D/2], or [L, 1, 1, D/2] (Gemma 3): over a chunk's keys [L, H, T, D]
+        self.rope_scale = self.rope.scale
         self.windows = sliding_windows(config)  # per layer: None or the sliding window
         self.sandwich_norms = hasattr(self.layers[0], "pre_feedforward_layernorm")  # Gemma: norms around attn and MLP
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
-        tables = {}  # one RopeTable per distinct frequency tensor: cos/sin by position, scaled
-        self.ropes = [tables.setdefault(id(f), RopeTable(f, self.rope_scale, self.dtype)) for f in self.layer_freqs]
+        self.rope_cache = [RopeTable(f, self.rope_scale, self.dtype) for f in self.rope.tables]  # cos/sin by position
         self._decode_weights: dict[tuple[str, int], object] = {}
         self.kernel = EXACT_PREFILL_KERNEL  # prefill projections (workers/projections.py); with_kernel() for others
         self.projections: Projections = PREFILL_KERNELS[self.kernel](self.layers)
@@ -167,12 +164,16 @@ class ModelRunner:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     @property
+    def rope_type(self) -> str:
+        return "+".join(sorted(self.rope.rope_types))
+
+    @property
     def can_rerotate(self) -> bool:
-        return self.rope_types <= RE_ROTATABLE_ROPE_TYPES
+        return self.rope.rope_types <= RE_ROTATABLE_ROPE_TYPES
 
     def layer_inv_freq(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s RoPE frequencies [D/2] (for one layer's keys [H, T, D])."""
-        return self.layer_freqs[layer]
+        return self.rope.tables[self.rope.index[layer]]
 
     @property
     def stop_token_ids(self) -> set[int]:
@@ -202,7 +203,7 @@ class ModelRunner:
         q, k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.qkv(layer, normed))
         if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
             q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = self.ropes[layer](positions)  # [S, D], scaled, in the model dtype
+        cos, sin = self.rope_cache[self.rope.index[layer]](positions)  # [S, D], scaled, in the model dtype
         q, k = apply_rope(q.transpose(0, 1), cos, sin), apply_rope(k.transpose(0, 1), cos, sin)
         return q, k, v.transpose(0, 1)
 

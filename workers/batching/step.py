@@ -123,7 +123,6 @@ class DecodeWeights:
 def build_decode_weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
     make = DECODE_KERNELS[kernel]
     activation = mlp_activation(runner.model.config)
-    rope_freqs, rope_of_layer = distinct_tables([runner.layer_inv_freq(i) for i in range(len(runner.layers))])
     layers = []
     for index, block in enumerate(runner.layers):
         check_servable(block)
@@ -140,9 +139,9 @@ def build_decode_weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
                                   make(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), pad_rows),
                                   make(mlp.down_proj.weight, pad_rows), Norm.of(block.input_layernorm),
                                   Norm.of(block.post_attention_layernorm), float(attn.scaling), qk_norms, ffn_norms,
-                                  activation, runner.windows[index], rope_of_layer[index]))
+                                  activation, runner.windows[index], runner.rope.index[index]))
     return DecodeWeights(kernel, layers, make(runner.model.lm_head.weight, pad_rows), Norm.of(runner.model.model.norm),
-                         runner.layers[0].mlp.gate_proj.weight.shape[0], rope_freqs)
+                         runner.layers[0].mlp.gate_proj.weight.shape[0], list(runner.rope.tables))
 
 
 def mlp_activation(config) -> int:
@@ -162,19 +161,6 @@ def check_servable(block: torch.nn.Module) -> None:
                          ("down_proj", mlp.down_proj)):
         if linear.bias is not None:
             raise ValueError(f"decode step: {name} has a bias")
-
-
-def distinct_tables(tables: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
-    """Per-layer tables -> (the distinct ones, each layer's index into them)."""
-    distinct: list[torch.Tensor] = []
-    index = []
-    for table in tables:
-        found = next((i for i, seen in enumerate(distinct) if torch.equal(seen, table)), None)
-        if found is None:
-            distinct.append(table)
-            found = len(distinct) - 1
-        index.append(found)
-    return distinct, index
 
 
 @torch.inference_mode()
