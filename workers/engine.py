@@ -31,7 +31,7 @@ from workers.key_plan import codec_for_model
 from workers.modes import PrefillPlan, plan_for
 from workers.paths import default_store_url
 from workers.projections import DEFAULT_PREFILL_KERNEL
-from workers.prompt import build_prompt, use_template
+from workers.prompt import build_prompt, template_file, use_template
 from workers.request_state import RequestState
 from workers.requests import ChunkRef, CompressionSpec, GenerateRequest, GenerateResult, is_chunk_id
 from workers.runner import ModelRunner
@@ -68,7 +68,7 @@ class EngineConfig:
     sequence_cache: bool = True
     # share of greedy blend requests re-run as a full prefill while idle, to measure agreement (workers/shadow.py)
     shadow_sample: float = 0.0
-    # Jinja chat template replacing the model's own (workers/prompt.py); None: the model's, else PLAIN_TEMPLATE
+    # a Jinja chat template file replacing the model's own (workers/prompt.py); None: the model's, else PLAIN_TEMPLATE
     prompt_template: str | None = None
 
 
@@ -94,7 +94,7 @@ class Engine:
             retain_freed_memory()
         self.runner = (runner or ModelRunner.load(config.model, device=config.device)).with_kernel(config.prefill_kernel)
         if config.prompt_template:  # before anything is addressed: the template's tokens are the prompt's prefix
-            use_template(self.runner.tokenizer, config.prompt_template)
+            use_template(self.runner.tokenizer, template_file(config.prompt_template))
         backend = open_store_backend(config)
         # decoded blocks land on the model's device: payload copied once, dequantized there (Triton on CUDA)
         # the chunk form is part of what a chunk block is addressed and verified by

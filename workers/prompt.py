@@ -62,6 +62,18 @@ class Turn:
     pieces: tuple[Piece, ...]
 
 
+def template_file(path: str) -> str:
+    """A Jinja chat template file's text (`--prompt-template`); ValueError naming the file when it cannot be
+    read or is empty."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
+    if not text.strip():
+        raise ValueError(f"{path} is empty")
+    return text
+
+
 def use_template(tokenizer, template: str | None = None) -> None:
     """Give the tokenizer `template` (Jinja), or PLAIN_TEMPLATE when it has none of its own."""
     if template:

@@ -7,12 +7,13 @@ from dataclasses import fields
 
 from kvstore.codecs import CODECS
 from kvstore.plugins import HINT
-from ragkv.commands.errors import flag_error
+from ragkv.commands.errors import checked_by, flag_error
 from ragkv.config import BATCH_FIELDS, ENGINE_FIELDS, ServeConfig
 from workers.batching.linear import DECODE_KERNELS
 from workers.projections import prefill_kernel_names
 from workers.chunk_forms import CHUNK_FORMS
 from workers.model import MODEL_HELP
+from workers.prompt import template_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     net.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
     store = p.add_argument_group("model and store")
     store.add_argument("--model", help=MODEL_HELP)
-    store.add_argument("--prompt-template", metavar="FILE", type=_template_file,
+    store.add_argument("--prompt-template", metavar="FILE", type=checked_by(template_file),
                        help="Jinja chat template replacing the model's own, in every mode (default: the model's; "
                             "a model without one gets a plain documents-then-question template)")
     store.add_argument("--store", help="disk:PATH or redis://HOST:PORT/DB (default: disk under the cache dir)")
@@ -75,17 +76,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=float, dest="grace_s", metavar="SECONDS", help=hidden)
 
 
-def _template_file(path: str) -> str:
-    """The template's text, else the flag's one-line error."""
-    try:
-        text = open(path, encoding="utf-8").read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise argparse.ArgumentTypeError(f"cannot read {path}: {e}") from None
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"{path} is empty")
-    return text
-
-
 def _codec(name: str) -> str:
     """A registered codec (a plug-in's too: CODECS loads them on a miss), else the flag's one-line error."""
     if name not in CODECS:
@@ -109,14 +99,13 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 def check_paths(config: ServeConfig) -> None:
     """What can be checked before the model loads: the store URL's scheme, a --model directory."""
     from kvstore.backends.registry import url_scheme
-    from workers.model import NAMED_MODELS, resolve_model_dir
+    from workers.model import check_model_source
 
     try:
         url_scheme(config.store_url)
     except ValueError as e:
         raise ValueError(f"--store: {e}") from e
-    if config.model not in NAMED_MODELS:
-        resolve_model_dir(config.model)  # FileNotFoundError or UnsupportedModel, naming --model
+    check_model_source(config.model)  # FileNotFoundError or UnsupportedModel, naming --model
 
 
 def run(args: argparse.Namespace) -> int:

@@ -116,3 +116,20 @@ def test_an_unsupported_architecture_is_refused_in_one_line(command, architectur
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"architecture {architecture!r}" in err and "supported: gemma3_text, llama" in err
+
+
+def test_prompt_template_is_a_file_from_flag_or_environment(tmp_path, monkeypatch, capsys):
+    """--prompt-template FILE and RAGKV_PROMPT_TEMPLATE=FILE name the same thing: a file the engine reads."""
+    template = tmp_path / "plain.jinja"
+    template.write_text("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    parse = build_parser("serve").parse_args
+    assert config_from_args(parse(["serve", "--prompt-template", str(template)])).engine.prompt_template == str(template)
+    monkeypatch.setenv("RAGKV_PROMPT_TEMPLATE", str(template))
+    assert config_from_args(parse(["serve"])).engine.prompt_template == str(template)
+    (tmp_path / "empty.jinja").write_text(" \n")
+    for bad in (tmp_path / "empty.jinja", tmp_path / "missing.jinja"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", "--prompt-template", str(bad)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--prompt-template" in err and bad.name in err
