@@ -25,6 +25,8 @@ from workers.rope import rerotate_keys
 
 
 CODE_RE = re.compile(r"\b\d{5}\b")
+ANSWER_TOKENS = 24
+QUICK_ANSWER_TOKENS = 8  # --quick (the CI smoke): a 5-digit code is a few tokens
 
 
 def extract_answer(text: str) -> str:
@@ -189,6 +191,7 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
     chunk_counts = chunk_counts or ((4,) if quick else (4, 8, 16))
     chunk_tokens = chunk_tokens or (96 if quick else 256)
     num_queries = num_queries or (2 if quick else 20)
+    max_new_tokens = QUICK_ANSWER_TOKENS if quick else ANSWER_TOKENS
     with tempfile.TemporaryDirectory(prefix="ragkv-bench-blend-") as tmp:
         # every query runs in every mode over the same chunks: with the sequence tree on, full's exact prefill
         # would serve the others exactly; this bench measures each mode's own path (--workload: with the tree)
@@ -199,13 +202,13 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
             for mode in MODES:  # first-call costs (allocator, kernels) stay out of the figures
                 engine.generate(GenerateRequest(question=warm.question, chunks=warm.chunks, mode=mode, max_new_tokens=2))
             extra = {f"blend:{parse_setting(s).name}": parse_setting(s) for s in settings}
-            runs = [run_one(engine, n, chunk_tokens, num_queries, 24, seed=n, progress=progress, settings=extra)
+            runs = [run_one(engine, n, chunk_tokens, num_queries, max_new_tokens, seed=n, progress=progress, settings=extra)
                     for n in chunk_counts]
             setting, source = engine.blend_setting
         finally:
             engine.close()
     main = next((r for r in runs if r["chunks"] == 8), runs[0])
     return {**main, "codec": codec, "prefill_kernel": engine.runner.kernel, "recompute_ratio": setting.recompute_ratio,
-            "blend_setting": {"config": setting.name, "source": source}, "max_new_tokens": 24,
+            "blend_setting": {"config": setting.name, "source": source}, "max_new_tokens": max_new_tokens,
             "agreement_definition": "same extracted answer as full (first 5-digit code, else first line)",
             "runs": runs}

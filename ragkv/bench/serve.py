@@ -7,7 +7,8 @@ over loopback. Per client count: requests/s, tokens/s and the time to first toke
 the clients see it (first streamed piece), and whether every request's tokens are identical in
 the two servers (`tokens_equal`). Also: the 8 requests sent one after another against from 8
 clients at once on the batched server (`concurrency`), and single-request decode speed per decode
-kernel beside llama.cpp's on this CPU (`decode`).
+kernel (`decode`). llama.cpp is not a dependency: research/ragkv_research/decode_vs_llama_cpp.py measures
+its decode beside ragkv's from a separate environment, in one run.
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ MAX_BATCH = 16
 MEMORY_BUDGET = 256 << 20
 QUESTIONS = ("Summarize these passages in detail.", "Which people, places and dates do the passages mention?",
              "Explain what the passages say, point by point.", "Write a detailed report on the passages.")
-# The default model (SmolLM2-135M, Q4_1) under llama.cpp (llama-cpp-python 0.3.36, 2 threads) on this
-# CPU: quoted from issue #21, not measured here (llama.cpp is not a dependency).
-LLAMA_CPP_DECODE_TOKENS_PER_S = 113.0
 
 
 def requests_for(count: int, groups: list[list[str]], max_new_tokens: int) -> list[dict]:
@@ -163,8 +161,7 @@ def run(quick: bool = False, progress: bool = True, max_batch: int = MAX_BATCH, 
         and batched["concurrency"]["tokens_equal"],
         "concurrency": batched["concurrency"],
         "decode": {"batched_default": batched["decode"], "batched_default_after_load": batched["decode_after_load"],
-                   "fp32": fp32["decode"],
-                   "llama_cpp_reference_tokens_per_s": LLAMA_CPP_DECODE_TOKENS_PER_S},
+                   "fp32": fp32["decode"]},
         "settings": {"max_batch": max_batch, "chunks_per_request": CHUNKS_PER_REQUEST, "mode": "blend",
                      "max_new_tokens": max_new_tokens, "requests_per_client": per_client},
         "elapsed_s": round(time.perf_counter() - started, 1),

@@ -15,6 +15,6 @@ def test_same_documents_another_question_is_served_from_the_tree():
 
 
 def test_zipf_requests_share_leading_chunks():
-    out = reuse.run("zipf", count=3, chunk_tokens=64, progress=False)
-    assert out["workload"] == "zipf" and out["queries"] == 3 and out["leading_overlap_mean"] >= 0
+    out = reuse.run("zipf", count=2, chunk_tokens=64, progress=False)
+    assert out["workload"] == "zipf" and out["queries"] == 2 and out["leading_overlap_mean"] >= 0
     assert out["sequence_chunks_mean"]["blend"] == 0 and set(out["agreement_vs_full"]) == set(reuse.MODES)
