@@ -24,7 +24,7 @@ from kvstore.codecs import CODECS
 from kvstore.plugins import HINT
 from workers.batching.scheduler import BatchConfig
 from workers.chunk_forms import CHUNK_FORMS
-from workers.engine import EngineConfig
+from workers.engine import EngineConfig, adaptive_controller
 from workers.paths import default_store_url
 from workers.projections import check_prefill_kernel
 
@@ -32,7 +32,8 @@ MiB = 1 << 20
 BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 # EngineConfig fields a flag or a RAGKV_* variable sets (the others are the engine's own business)
 ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_bytes", "chunk_form", "prefill_kernel",
-                 "retain_memory", "sequence_cache", "shadow_sample", "decoded_budget_bytes", "prompt_template")
+                 "retain_memory", "sequence_cache", "shadow_sample", "decoded_budget_bytes", "prompt_template",
+                 "adaptive_target", "adaptive_ratios", "adaptive_window")
 BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfig.batch (BatchConfig)
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
@@ -57,6 +58,7 @@ class ServeConfig:
             raise ValueError("--tls-cert and --tls-key go together")
         if not 0.0 <= self.engine.shadow_sample <= 1.0:
             raise ValueError(f"shadow_sample: must be in [0, 1], got {self.engine.shadow_sample}")
+        adaptive_controller(self.engine, start=0.0)  # ValueError names the adaptive_* setting
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port: out of range: {self.port}")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:

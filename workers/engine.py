@@ -36,6 +36,7 @@ from workers.request_state import RequestState
 from workers.requests import ChunkRef, CompressionSpec, GenerateRequest, GenerateResult, is_chunk_id
 from workers.runner import ModelRunner
 from workers.sequences import SEQUENCE_CODEC, SequenceCache
+from workers.adaptive import RatioController, parse_ratios
 from workers.shadow import Blended, ShadowVerifier
 from workers.stats import EngineCounters, EngineStats, ModelInfo
 from workers.steps import RequestSteps
@@ -68,6 +69,11 @@ class EngineConfig:
     sequence_cache: bool = True
     # share of greedy blend requests re-run as a full prefill while idle, to measure agreement (workers/shadow.py)
     shadow_sample: float = 0.0
+    # hold this answer agreement (shadow checks) by moving the ratio of requests without one along
+    # adaptive_ratios, per namespace, deciding every adaptive_window checks (workers/adaptive.py); 0 = off
+    adaptive_target: float = 0.0
+    adaptive_ratios: str = "0.15,0.3,0.5,0.7"
+    adaptive_window: int = 20
     # a Jinja chat template file replacing the model's own (workers/prompt.py); None: the model's, else PLAIN_TEMPLATE
     prompt_template: str | None = None
 
@@ -118,7 +124,8 @@ class Engine:
                                   self.sequences)
         decode_weights = self.runner.decode_weights(config.batch.decode_kernel, config.batch.max_batch)
         self.steps = RequestSteps(self.runner, self.chunks, decode_weights, config.chunk_form)
-        self.shadow = ShadowVerifier(self.runner, decode_weights, config.shadow_sample)
+        self.adaptive = adaptive_controller(config, self.blend_setting[0].recompute_ratio)
+        self.shadow = ShadowVerifier(self.runner, decode_weights, config.shadow_sample, adaptive=self.adaptive)
         # continuous batching: the scheduler's one thread runs all model work (prefill, decode, ingest compute)
         self.scheduler = Scheduler(config.batch, self.steps.prefill, self.steps.decode)
 
@@ -242,7 +249,9 @@ class Engine:
             yield text[len(emitted):]
         if state.shadow:  # the answer is out: checked against a full prefill while idle
             stopped = len(tokens) < request.max_new_tokens
-            blended = Blended(request.namespace, layout.token_ids, state.first_logits, list(tokens), stopped)
+            adaptive_ratio = state.plan.blend.recompute_ratio if state.blend_setting == "adaptive" else None
+            blended = Blended(request.namespace, layout.token_ids, state.first_logits, list(tokens), stopped,
+                              adaptive_ratio)
             self.shadow.queued(self.scheduler.defer(self.shadow.job(blended)))
         stats = state.stats()
         stats.update(generated_tokens=len(tokens), kv_bytes_final=seq.cache.nbytes(),
@@ -253,11 +262,13 @@ class Engine:
 
     def plan(self, request: GenerateRequest) -> tuple[PrefillPlan, str]:
         """The request's prefill plan (workers/modes.py) and where its blend setting came from: the server's
-        (calibrated for the request's namespace, calibrated, or default), or the request's own ratio with
-        the server's method."""
+        (calibrated for the request's namespace, calibrated, or default), at the adaptive ratio when that is on,
+        or the request's own ratio with the server's method."""
         setting, source = self.setting_for(request.namespace)
         if request.recompute_ratio is not None:
             setting, source = setting.with_ratio(request.recompute_ratio), "request"
+        elif self.adaptive is not None:
+            setting, source = setting.with_ratio(self.adaptive.ratio(request.namespace)), "adaptive"
         return plan_for(request.mode, setting), source
 
     def setting_for(self, namespace: str) -> tuple[BlendConfig, str]:
@@ -296,7 +307,8 @@ class Engine:
         return EngineStats(replace(self.counters), self.store.stats(), model, self.config.codec,
                            batch=replace(self.scheduler.stats), chunk_form=self.config.chunk_form,
                            sequences=None if self.sequences is None else replace(self.sequences.counters),
-                           shadow=self.shadow.stats.as_dict())
+                           shadow=self.shadow.stats.as_dict(),
+                           adaptive=None if self.adaptive is None else self.adaptive.as_dict())
 
     @property
     def max_batch(self) -> int:
@@ -307,6 +319,16 @@ class Engine:
         self.scheduler.close()
         self.store.close()
         self.text_index.close()
+
+
+def adaptive_controller(config: EngineConfig, start: float) -> RatioController | None:
+    """The adaptive ratio's controller when `adaptive_target` is set (it needs the shadow checks), else None."""
+    if not config.adaptive_target:
+        return None
+    if config.shadow_sample <= 0:
+        raise ValueError("adaptive_target: needs shadow_sample > 0 (the shadow checks steer the ratio)")
+    return RatioController(config.adaptive_target, parse_ratios(config.adaptive_ratios), config.adaptive_window,
+                           start)
 
 
 def blend_setting(config: EngineConfig, runner: ModelRunner, namespace: str = "") -> tuple[BlendConfig, str]:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class RequestState:
     layout: PromptLayout
     plan: PrefillPlan
-    blend_setting: str  # where the plan's blend setting came from: default | calibrated | request
+    blend_setting: str  # where the plan's blend setting came from: default | calibrated | adaptive | request
     compressions: list[dict | None]  # per chunk: the spec a chunk given by id was ingested with, else None
     start: float  # perf_counter() when the engine took the request
     shadow: bool = False  # checked against a full prefill after its answer (workers/shadow.py)

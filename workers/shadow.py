@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from workers.adaptive import RatioController
 from workers.cache import KVCache
 from workers.batching.step import decode_step
 from workers.idle import prefill_units
@@ -65,15 +66,18 @@ class Blended:
     first_logits: torch.Tensor  # [vocab] fp32, the last prompt token's under blend
     tokens: list[int]  # the greedy answer sent
     stopped: bool  # it ended on a stop token (not at max_new_tokens)
+    adaptive_ratio: float | None = None  # the adaptive ratio it ran at (workers/adaptive.py), else None
 
 
 class ShadowVerifier:
     """`decode_weights`: the engine's decode kernels, so the full answer is what `full` mode would send."""
 
-    def __init__(self, runner, decode_weights, sample: float, seed: int | None = None):
+    def __init__(self, runner, decode_weights, sample: float, seed: int | None = None,
+                 adaptive: RatioController | None = None):
         if not 0.0 <= sample <= 1.0:
             raise ValueError(f"shadow_sample must be in [0, 1], got {sample}")
         self.runner, self.decode_weights, self.stats = runner, decode_weights, ShadowStats(sample=sample)
+        self.adaptive = adaptive  # steered by the checks of requests that ran at its ratio
         self._random = random.Random(seed)
         self._lock = threading.Lock()
 
@@ -109,12 +113,15 @@ class ShadowVerifier:
         log_full = torch.log_softmax(full_first, dim=-1)
         log_blend = torch.log_softmax(blended.first_logits.float(), dim=-1)
         kl = float((log_full.exp() * (log_full - log_blend)).sum())
+        agreed = full_tokens == blended.tokens
         with self._lock:
             figures = self.stats.namespaces.setdefault(blended.namespace, ShadowFigures())
             figures.checked += 1
             figures.first_token_agree += int(full_first.argmax()) == int(blended.first_logits.argmax())
-            figures.answer_agree += full_tokens == blended.tokens
+            figures.answer_agree += agreed
             figures.kl_sum += kl
+        if self.adaptive is not None and blended.adaptive_ratio is not None:
+            self.adaptive.observe(blended.namespace, blended.adaptive_ratio, agreed)
 
     def queued(self, accepted: bool) -> None:
         with self._lock:

@@ -78,6 +78,7 @@ class EngineStats(StatsView):
     chunk_form: str | None = None  # how chunk KV is computed (workers/chunk_forms.py)
     sequences: SequenceCounters | None = None  # exact reuse of leading chunk runs (workers/sequences.py)
     shadow: dict | None = None  # shadow verification's agreement per namespace (workers/shadow.py ShadowStats)
+    adaptive: dict | None = None  # the adaptive ratio per namespace and its changes (workers/adaptive.py)
 
     def as_dict(self) -> dict:
         out = {"engine": asdict(self.engine), "store": self.store.as_dict(), "model": asdict(self.model),
@@ -94,4 +95,6 @@ class EngineStats(StatsView):
             out["sequences"] = asdict(self.sequences)
         if self.shadow is not None:
             out["shadow"] = self.shadow
+        if self.adaptive is not None:
+            out["adaptive"] = self.adaptive
         return out

@@ -1,6 +1,6 @@
 """Prometheus figures of exact reuse and of what blending costs, read from `engine.stats()` at scrape time:
 the sequence tree's hits (workers/sequences.py) and shadow verification's agreement per namespace
-(workers/shadow.py)."""
+(workers/shadow.py) and the adaptive ratio (workers/adaptive.py)."""
 
 from __future__ import annotations
 
@@ -26,19 +26,20 @@ class ReuseCollector(Collector):
         self.engine = engine
 
     def describe(self):  # the families without samples: registering must not call the engine
-        return list(self._families(None, None))
+        return list(self._families(None, None, None))
 
     def collect(self):
         try:
             stats = self.engine.stats()
             sequences, shadow = getattr(stats, "sequences", None), getattr(stats, "shadow", None)
+            adaptive = getattr(stats, "adaptive", None)
         except Exception:  # a scrape must not fail because the engine is busy or the store is down
             log.warning("engine.stats() failed during a metrics scrape", exc_info=True)
-            sequences = shadow = None
-        return list(self._families(sequences, shadow))
+            sequences = shadow = adaptive = None
+        return list(self._families(sequences, shadow, adaptive))
 
     @staticmethod
-    def _families(sequences, shadow: dict | None) -> Iterator:
+    def _families(sequences, shadow: dict | None, adaptive: dict | None) -> Iterator:
         for field, doc in SEQUENCE_COUNTERS.items():
             family = CounterMetricFamily(f"ragkv_sequence_{field}", doc)
             family.add_metric([], float(getattr(sequences, field)) if sequences is not None else 0.0)
@@ -58,4 +59,10 @@ class ReuseCollector(Collector):
             first.add_metric([namespace], figures["first_token_agreement"])
             answer.add_metric([namespace], figures["answer_agreement"])
             kl.add_metric([namespace], figures["mean_kl"])
-        yield from (checked, first, answer, kl, dropped)
+        ratio = GaugeMetricFamily("ragkv_adaptive_ratio", "the recompute ratio the adaptive controller holds "
+                                  "(workers/adaptive.py)", labels=["namespace"])
+        changes = CounterMetricFamily("ragkv_adaptive_changes", "adaptive ratio changes, every namespace")
+        changes.add_metric([], float(adaptive["changed"]) if adaptive else 0.0)
+        for namespace, state in (adaptive or {}).get("namespaces", {}).items():
+            ratio.add_metric([namespace], state["ratio"])
+        yield from (checked, first, answer, kl, dropped, ratio, changes)

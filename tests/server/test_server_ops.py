@@ -134,7 +134,8 @@ def test_metrics_endpoint(server, client, refs):
     body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
     for name in ("ragkv_requests_total", "ragkv_ttft_seconds_bucket", "ragkv_chunk_hit_ratio", "ragkv_store_bytes",
                  "ragkv_store_evictions_total", "ragkv_request_seconds", "ragkv_queue_waiting",
-                 "ragkv_sequence_hits_total", "ragkv_sequence_fills_total", "ragkv_shadow_dropped_total"):
+                 "ragkv_sequence_hits_total", "ragkv_sequence_fills_total", "ragkv_shadow_dropped_total",
+                 "ragkv_adaptive_changes_total", "ragkv_adaptive_ratio"):
         assert name in body, name
     assert 'ragkv_requests_total{code="OK",method="Generate",mode="blend"}' in body
     assert 'ragkv_store_bytes{backend="disk"}' in body
