@@ -23,6 +23,7 @@ from typing import Mapping
 from kvstore.codecs import CODECS
 from kvstore.plugins import HINT
 from workers.batching.scheduler import BatchConfig
+from workers.blend import BlendConfig
 from workers.chunk_forms import CHUNK_FORMS
 from workers.engine import EngineConfig, adaptive_controller
 from workers.paths import default_store_url
@@ -35,6 +36,7 @@ ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_
                  "retain_memory", "sequence_cache", "shadow_sample", "decoded_budget_bytes", "prompt_template",
                  "adaptive_target", "adaptive_ratios", "adaptive_window")
 BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfig.batch (BatchConfig)
+BLEND_FIELDS = ("recompute_ratio",)  # EngineConfig.blend (BlendConfig): the ratio of requests that give none
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
 
@@ -82,6 +84,8 @@ class ServeConfig:
             return getattr(self.engine, name)
         if name in BATCH_FIELDS:
             return getattr(self.engine.batch, name)
+        if name in BLEND_FIELDS:
+            return getattr(self.engine.blend, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
@@ -148,6 +152,12 @@ class ServeConfig:
         batch = {k: given.pop(k) for k in BATCH_FIELDS if k in given}
         if batch:
             engine["batch"] = replace(self.engine.batch, **batch)
+        blend = {k: given.pop(k) for k in BLEND_FIELDS if k in given}
+        if blend:
+            try:
+                engine["blend"] = replace(self.engine.blend, **blend)
+            except ValueError as e:
+                raise ValueError(f"--recompute-ratio: {e}") from None
         return replace(self, engine=replace(self.engine, **engine), **given)
 
 
@@ -156,7 +166,8 @@ def settable() -> dict[str, str]:
     own = [f for f in fields(ServeConfig) if f.name != "engine"]
     engine = [f for f in fields(EngineConfig) if f.name in ENGINE_FIELDS]
     batch = [f for f in fields(BatchConfig) if f.name in BATCH_FIELDS]
-    return {f.name: str(f.type) for f in own + engine + batch}
+    blend = [f for f in fields(BlendConfig) if f.name in BLEND_FIELDS]
+    return {f.name: str(f.type) for f in own + engine + batch + blend}
 
 
 def _typed(name: str, type_name: str, value):

@@ -36,13 +36,17 @@ DEFAULT_METHOD = "gradual"  # `gradual` answers better over whole chunks (resear
 # layer (layer 2 there: 0.09 vs 0.385 on dev; research/blend.md "Chunks compressed at ingest")
 COMPRESSED_METHOD = "deviation"
 COMPRESSED_CHECK_LAYER = 1
+# the cheapest ratio whose accuracy on the quality suite's `dev` is within 2 points of full's (rule set before
+# the run; 60 prompts, 15 families: full 0.767, 0.15 / 0.3 / 0.5 / 0.7 = 0.667 / 0.667 / 0.717 / 0.750;
+# docs/benchmarks.md "An honest default"). Cheaper ratios are one request field away: recompute_ratio
+DEFAULT_RATIO = 0.7
 
 
 @dataclass(frozen=True)
 class BlendConfig:
     """How blend recomputes: the share of stored chunk tokens, the selection method, its check layer."""
 
-    recompute_ratio: float = 0.15
+    recompute_ratio: float = DEFAULT_RATIO
     method: str = DEFAULT_METHOD
     check_layer: int = CHECK_LAYER  # layer whose K/V deviation picks the tokens (selection.CHECK_LAYER)
     # shift every stored chunk entry by the model's measured mean context drift before choosing

@@ -104,11 +104,6 @@ def dequantize_sym(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.to(torch.float32, copy=True).mul_(scale.float())
 
 
-def quantize_per_token(x: torch.Tensor, bits: int, group_size: int | None = None):
-    """KV [..., tokens, head_dim]: groups along head_dim (one group = the whole vector by default)."""
-    return quantize_asym(x, bits, group_size or x.shape[-1])
-
-
 def quantize_per_channel(x: torch.Tensor, bits: int, group_size: int):
     """KV [..., tokens, head_dim]: groups of `group_size` tokens, one scale/zero per channel per group.
 

@@ -8,7 +8,7 @@ from dataclasses import fields
 from kvstore.codecs import CODECS
 from kvstore.plugins import HINT
 from ragkv.commands.errors import checked_by, flag_error
-from ragkv.config import BATCH_FIELDS, ENGINE_FIELDS, ServeConfig
+from ragkv.config import BATCH_FIELDS, BLEND_FIELDS, ENGINE_FIELDS, ServeConfig
 from workers.batching.linear import DECODE_KERNELS
 from workers.projections import prefill_kernel_names
 from workers.chunk_forms import CHUNK_FORMS
@@ -46,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     store.add_argument("--memory-budget", type=_size, dest="memory_budget_bytes", metavar="BYTES",
                        help="in-memory tier budget, e.g. 512M or 2G")
     blend = p.add_argument_group("blend and quality")
+    blend.add_argument("--recompute-ratio", type=float, metavar="R",
+                       help=f"share of stored chunk tokens blend recomputes for requests that give no ratio (default "
+                            f"{d.recompute_ratio}: the cheapest within 2 points of full's accuracy on the quality "
+                            "suite's dev split; 0.15 is ~3x faster and less exact; a stored `ragkv calibrate` result "
+                            "for the model or namespace comes first; docs/prefill.md)")
     blend.add_argument("--chunk-form", choices=list(CHUNK_FORMS),
                        help=f"how a chunk's KV is computed at ingest (default {d.engine.chunk_form}: after the "
                             "model's template prefix and a bland earlier document; lead: after the template prefix "
@@ -92,7 +97,8 @@ def _size(text: str) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
-    names = [f.name for f in fields(ServeConfig) if f.name != "engine"] + list(ENGINE_FIELDS) + list(BATCH_FIELDS)
+    names = [f.name for f in fields(ServeConfig) if f.name != "engine"] + list(ENGINE_FIELDS) + list(BATCH_FIELDS) + \
+        list(BLEND_FIELDS)
     return ServeConfig.load(getattr(args, "config", None)).with_overrides(**{n: getattr(args, n, None) for n in names})
 
 

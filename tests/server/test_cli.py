@@ -36,6 +36,21 @@ def test_serve_retain_memory_from_flag_and_env(monkeypatch):
         config_from_args(parse(["serve"]))
 
 
+def test_the_servers_recompute_ratio_from_flag_environment_and_file(monkeypatch, tmp_path):
+    """The ratio of requests that give none: the default, a config file, RAGKV_RECOMPUTE_RATIO, then the flag."""
+    from workers.blend import BlendConfig
+
+    parse = build_parser("serve").parse_args
+    assert config_from_args(parse(["serve"])).engine.blend == BlendConfig()
+    path = tmp_path / "ragkv.toml"
+    path.write_text("recompute_ratio = 0.3\n")
+    assert config_from_args(parse(["serve", "--config", str(path)])).engine.blend.recompute_ratio == 0.3
+    monkeypatch.setenv("RAGKV_RECOMPUTE_RATIO", "0.5")
+    assert config_from_args(parse(["serve", "--config", str(path)])).recompute_ratio == 0.5
+    blend = config_from_args(parse(["serve", "--recompute-ratio", "0.15"])).engine.blend
+    assert blend == BlendConfig(recompute_ratio=0.15)  # the method and the rest stay the server's
+
+
 def test_serve_rejects_half_tls(tmp_path):
     with pytest.raises(SystemExit, match="tls"):
         main(["serve", "--tls-cert", str(tmp_path / "c.pem")])
@@ -45,6 +60,7 @@ def test_serve_rejects_half_tls(tmp_path):
     (["--store", "bogus://x"], "--store"),
     (["--model", "/missing/model"], "--model"),
     (["--codec", "int4", "--max-queue", "-1"], "--max-queue"),
+    (["--recompute-ratio", "1.5"], "--recompute-ratio"),
 ])
 def test_bad_flags_print_one_line_and_exit_2(flags, named, capsys, monkeypatch):
     monkeypatch.setattr("ragkv.server.app.serve", lambda config: pytest.fail("the server must not start"))

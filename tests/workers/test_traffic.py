@@ -7,6 +7,7 @@ import json
 import pytest
 
 from workers import calibration
+from workers.blend import BlendConfig
 from workers.errors import InvalidArgument
 from workers.traffic import calibrate_traffic, read_requests
 
@@ -55,7 +56,7 @@ def test_a_stored_traffic_calibration_changes_the_namespaces_default_ratio(runne
         own = engine.generate(GenerateRequest(**ask, namespace="tenant")).stats
         assert (own["blend_setting"], own["recompute_ratio"]) == ("calibrated", chosen)
         other = engine.generate(GenerateRequest(**ask, namespace="other")).stats
-        assert (other["blend_setting"], other["recompute_ratio"]) == ("default", 0.15)
+        assert (other["blend_setting"], other["recompute_ratio"]) == ("default", BlendConfig().recompute_ratio)
     finally:
         engine.close()
 
