@@ -190,7 +190,7 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
 
     chunk_counts = chunk_counts or ((4,) if quick else (4, 8, 16))
     chunk_tokens = chunk_tokens or (96 if quick else 256)
-    num_queries = num_queries or (2 if quick else 20)
+    num_queries = num_queries or (1 if quick else 20)
     max_new_tokens = QUICK_ANSWER_TOKENS if quick else ANSWER_TOKENS
     with tempfile.TemporaryDirectory(prefix="ragkv-bench-blend-") as tmp:
         # every query runs in every mode over the same chunks: with the sequence tree on, full's exact prefill
