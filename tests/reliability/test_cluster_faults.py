@@ -39,6 +39,19 @@ def assert_only_right_blocks(engine, reference: dict[str, bytes], scan: bool = T
     return found
 
 
+def _until_readable(backend, key: str, timeout_s: float = 30.0) -> None:
+    """Read `key` until the backend answers (a hit or a miss) instead of raising BackendUnavailable."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            backend.get(key)
+            return
+        except BackendUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def test_primary_killed_while_ingesting_and_generating(runner, monkeypatch):
     """SIGKILL the primary holding a chunk's block right after the cluster took the first put of an
     ingest; generate while it is down (its replica held back), then let the replica take over."""
@@ -80,6 +93,9 @@ def test_primary_killed_while_ingesting_and_generating(runner, monkeypatch):
         cluster.client(replica).config_set("cluster-replica-no-failover", "no")
         cluster.wait_ok(30)  # the replica was elected: 3 primaries again, every node agrees
         assert cluster.roles()[replica.port] == "master" and cluster.node_for_slot(slot) is replica
+        # the engine's client learns the new primary from its first failed read (a retry re-reads the slot
+        # map); on a loaded CPU that can outlast one request's retries, which then computes: wait for it here
+        _until_readable(backend, engine.store.address_for(runner.tokenize(CHUNKS[1])))
 
         again = engine.generate(request())
         assert again.token_ids == clean.token_ids and not again.stats["degraded"]
