@@ -16,6 +16,7 @@ from kvstore.backends.registry import open_backend
 from kvstore.codecs import DEFAULT_CODEC
 from kvstore.store import BlockStore
 from kvstore.text_index import IndexedChunk, TextIndex, paragraph_count
+from workers.adaptive import RatioController, parse_ratios
 from workers.allocator import retain_freed_memory
 from workers.batching.scheduler import BatchConfig, Scheduler
 from workers.batching.sequence import Sequence
@@ -36,7 +37,6 @@ from workers.request_state import RequestState
 from workers.requests import ChunkRef, CompressionSpec, GenerateRequest, GenerateResult, is_chunk_id
 from workers.runner import ModelRunner
 from workers.sequences import SEQUENCE_CODEC, SequenceCache
-from workers.adaptive import RatioController, parse_ratios
 from workers.shadow import Blended, ShadowVerifier
 from workers.stats import EngineCounters, EngineStats, ModelInfo
 from workers.steps import RequestSteps

@@ -15,7 +15,6 @@ requests would (`idle_waits_s` says how long that took).
 from __future__ import annotations
 
 import statistics
-import time
 
 from tqdm import tqdm
 
@@ -26,14 +25,6 @@ from workers.requests import GenerateRequest
 MODES = ("full", "blend", "tree+blend")
 MAX_NEW_TOKENS = 12
 IDLE_TIMEOUT_S = 120.0
-
-
-def _idle(engine) -> float:
-    """Wait until the scheduler has no idle-time job left; the seconds waited."""
-    start = time.perf_counter()
-    while engine.scheduler.background and time.perf_counter() - start < IDLE_TIMEOUT_S:
-        time.sleep(0.01)
-    return time.perf_counter() - start
 
 
 class Row:
@@ -69,7 +60,7 @@ def same_docs(tree_client, plain_client, tree_engine, count_tokens, count: int, 
         full = tree_client.generate(second.question, mode="full", namespace="bench-full", **ask)
         for client in (tree_client, plain_client):  # the app's first question over these documents
             client.generate(first.question, chunks=list(first.chunks), max_new_tokens=MAX_NEW_TOKENS)
-        idle.append(_idle(tree_engine))
+        idle.append(tree_engine.scheduler.wait_idle(IDLE_TIMEOUT_S))
         rows["full"].add(full, second.answer, full.token_ids)
         rows["blend"].add(plain_client.generate(second.question, **ask), second.answer, full.token_ids)
         rows["tree+blend"].add(tree_client.generate(second.question, **ask), second.answer, full.token_ids)
@@ -85,7 +76,7 @@ def zipf(tree_engine, plain_engine, count_tokens, count: int, chunk_tokens: int 
         rows["full"].add(full, request.answer, full.token_ids)
         rows["blend"].add(plain_engine.generate(GenerateRequest(**ask)), request.answer, full.token_ids)
         rows["tree+blend"].add(tree_engine.generate(GenerateRequest(**ask)), request.answer, full.token_ids)
-        idle.append(_idle(tree_engine))
+        idle.append(tree_engine.scheduler.wait_idle(IDLE_TIMEOUT_S))
     overlap = leading_overlap(requests)
     return {"workload": "zipf", "leading_overlap_mean": statistics.mean(overlap), **_summary(rows, len(requests), idle)}
 

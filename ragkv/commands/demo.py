@@ -121,8 +121,6 @@ def _ask(client, engine, chunks, questions, max_new_tokens, console) -> None:
     approximates (CacheBlend over stored chunk KV); while the server is idle it computes those documents in
     full, so the second time (another user, the same documents) blend reads them exactly from the sequence
     tree. `full` runs in a namespace of its own, so its exact prefills do not feed the tree."""
-    import time
-
     from rich.table import Table
 
     table = Table(title=f"answers over each question's {RETRIEVED} retrieved documents (full prefill vs ragkv blend)",
@@ -145,9 +143,7 @@ def _ask(client, engine, chunks, questions, max_new_tokens, console) -> None:
                           f"{full.ttft_s:.2f}s", f"{blend.ttft_s:.2f}s", f"{speedups[round_][-1]:.1f}x",
                           f"{blend.stats['chunks_hit']}/{len(retrieved)}",
                           f"{blend.stats.get('sequence_chunks', 0)}/{len(retrieved)}")
-        deadline = time.monotonic() + 120  # a pause between users: the server computes the blended documents
-        while engine.scheduler.background and time.monotonic() < deadline:  # exactly meanwhile
-            time.sleep(0.05)
+        engine.scheduler.wait_idle(120)  # a pause between users: the server computes the blended documents exactly
     console.print(table)
     n = 2 * len(questions)
     every = speedups[1] + speedups[2]

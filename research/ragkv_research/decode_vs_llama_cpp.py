@@ -26,7 +26,7 @@ from pathlib import Path
 QUESTION = "Write a long story about the people, places and dates in these documents."
 SYSTEM = "You are a helpful assistant."
 TARGET_TOKENS = 1100
-COUNT_SLACK = 1.0  # per-chunk counts plus 2 a chunk: ~1,100 templated tokens at 1,100
+TEMPLATE_TOKENS = 40  # the chat template, system prompt and question around the chunks
 
 # runs inside the llama.cpp environment: argv = gguf, request JSON path, max_new_tokens, threads
 LLAMA_SCRIPT = r"""
@@ -64,7 +64,7 @@ def prompt_chunks(target_tokens: int) -> list[str]:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir("default"))
     pool, chunks, total = corpus(400), [], 0
     for i in range(200):  # the sample documents, labelled and cycled until long enough
-        if total >= (target_tokens - 40) * COUNT_SLACK:
+        if total >= target_tokens - TEMPLATE_TOKENS:
             break
         chunks.append(f"Passage {i + 1}. {pool[i % len(pool)]}")
         total += len(tokenizer(chunks[-1])["input_ids"]) + 2

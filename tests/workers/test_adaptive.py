@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 
@@ -65,9 +64,7 @@ def test_serve_config_refuses_an_adaptive_target_without_shadow_checks(tmp_path)
 
 
 def _idle(engine) -> None:
-    deadline = time.monotonic() + 120
-    while engine.scheduler.background and time.monotonic() < deadline:
-        time.sleep(0.02)
+    engine.scheduler.wait_idle(120)
     assert not engine.scheduler.background, "the shadow check did not run"
 
 

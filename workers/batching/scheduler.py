@@ -117,6 +117,14 @@ class Scheduler:
             self._wake.notify()
         return True
 
+    def wait_idle(self, timeout_s: float) -> float:
+        """Wait until no idle-time job is left, at most `timeout_s` -> the seconds waited (a job leaves the
+        queue when it has finished)."""
+        start = time.monotonic()
+        while self.background and time.monotonic() - start < timeout_s:
+            time.sleep(0.01)
+        return time.monotonic() - start
+
     def _ensure_driver(self) -> None:
         """Under _wake: nobody drives the loop yet, so a thread of its own does."""
         if self._driver is None:
