@@ -11,7 +11,8 @@ the recompute ratio of requests that ask for none, per namespace, along a ladder
         otherwise                    -> stay
     a check of a request that ran at another ratio (its own, or before a change) is not counted
 
-A namespace starts at the rung nearest the server's setting. Every change is logged and kept
+A namespace starts at the rung nearest its own setting (its calibration, `ragkv calibrate --requests
+--namespace`), else the server's. Every change is logged and kept
 (the last MAX_CHANGES) for Stats and the metrics.
 """
 
@@ -60,7 +61,7 @@ class RatioController:
     target: float  # answer agreement to hold, in (0, 1]
     ratios: tuple[float, ...]  # the ladder, ascending; its ends are the bounds
     window: int  # checks per decision
-    start: float  # the server's ratio: a new namespace starts at the nearest rung
+    start: float  # the server's ratio: a new namespace without its own starts at the nearest rung
     changes: list[RatioChange] = field(default_factory=list)  # the last MAX_CHANGES
     changed: int = 0  # changes in all
     _rungs: dict[str, _Rung] = field(default_factory=dict)
@@ -72,10 +73,11 @@ class RatioController:
         if self.window < 1:
             raise ValueError(f"adaptive_window: must be >= 1, got {self.window}")
 
-    def ratio(self, namespace: str) -> float:
-        """The ratio a request of `namespace` without its own ratio runs at now."""
+    def ratio(self, namespace: str, start: float | None = None) -> float:
+        """The ratio a request of `namespace` without its own ratio runs at now. `start`: the namespace's own
+        setting (its calibration), where a namespace seen for the first time starts; None: the server's."""
         with self._lock:
-            return self.ratios[self._rung(namespace).index]
+            return self.ratios[self._rung(namespace, start).index]
 
     def observe(self, namespace: str, ratio: float, agreed: bool) -> RatioChange | None:
         """One shadow check of a request that ran at `ratio`; the change it caused, if any."""
@@ -101,9 +103,10 @@ class RatioController:
                  namespace, change.old, change.new, agreement, checks, self.target)
         return change
 
-    def _rung(self, namespace: str) -> _Rung:
+    def _rung(self, namespace: str, start: float | None = None) -> _Rung:
         if namespace not in self._rungs:
-            nearest = min(range(len(self.ratios)), key=lambda i: abs(self.ratios[i] - self.start))
+            start = self.start if start is None else start
+            nearest = min(range(len(self.ratios)), key=lambda i: abs(self.ratios[i] - start))
             self._rungs[namespace] = _Rung(nearest)
         return self._rungs[namespace]
 

@@ -268,7 +268,8 @@ class Engine:
         if request.recompute_ratio is not None:
             setting, source = setting.with_ratio(request.recompute_ratio), "request"
         elif self.adaptive is not None:
-            setting, source = setting.with_ratio(self.adaptive.ratio(request.namespace)), "adaptive"
+            ratio = self.adaptive.ratio(request.namespace, start=setting.recompute_ratio)  # from its own setting
+            setting, source = setting.with_ratio(ratio), "adaptive"
         return plan_for(request.mode, setting), source
 
     def setting_for(self, namespace: str) -> tuple[BlendConfig, str]:

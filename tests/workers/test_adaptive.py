@@ -23,6 +23,7 @@ PROMPTS = (
 def test_the_ladder_moves_up_below_the_target_and_down_with_margin(caplog):
     c = RatioController(target=0.75, ratios=(0.15, 0.3, 0.5), window=2, start=0.2)
     assert c.ratio("a") == 0.15 and c.ratio("b") == 0.15  # the rung nearest the server's ratio
+    assert c.ratio("own", start=0.45) == 0.5 and c.ratio("own") == 0.5  # or nearest its own, once
     with caplog.at_level(logging.INFO, logger="ragkv.adaptive"):
         assert c.observe("a", 0.15, True) is None  # the window is not full yet
         up = c.observe("a", 0.15, False)  # 1 of 2 < 0.75

@@ -59,6 +59,16 @@ def test_a_stored_traffic_calibration_changes_the_namespaces_default_ratio(runne
         assert (other["blend_setting"], other["recompute_ratio"]) == ("default", BlendConfig().recompute_ratio)
     finally:
         engine.close()
+    # with the adaptive ratio on, a namespace starts from its own calibration, the others from the server's
+    adaptive = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="fp16", shadow_sample=0.5,
+                                   adaptive_target=0.9, adaptive_ratios="0.05,0.7,1"), runner=runner)
+    try:
+        plan, source = adaptive.plan(GenerateRequest(**ask, namespace="tenant"))
+        assert (source, plan.blend.recompute_ratio) == ("adaptive", chosen)
+        plan, source = adaptive.plan(GenerateRequest(**ask, namespace="other"))
+        assert (source, plan.blend.recompute_ratio) == ("adaptive", 0.7)
+    finally:
+        adaptive.close()
 
 
 def test_cli_bad_requests_file_is_one_line_and_exit_2(tmp_path, capsys):
