@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ragkv.errors import Cancelled, InvalidArgument, NotFound
+from workers.batching.scheduler import BatchConfig
 from workers.blend import BlendConfig
 from workers.engine import Engine, EngineConfig
 from workers.modes import plan_for
@@ -20,6 +21,9 @@ from workers.requests import GenerateRequest, mode_names
 # these tests compare answers over the same chunks run twice: an idle-time exact prefill of a blended prompt
 # (workers/sequences.py) would make the second exact; tests/workers/test_sequences.py covers that
 SEQ = False
+# the exact kernels on every CPU: `full` is compared with transformers' fp32 `generate` token for token, a claim
+# only the fp32 prefill and decode make (`auto` is bf16 on AVX512-BF16/AMX; the default decode kernel is int4)
+EXACT = dict(prefill_kernel="fp32", batch=BatchConfig(decode_kernel="fp32"))
 
 CHUNKS = [
     "The capital of Frobnia is Lindorf. Lindorf was founded in 1432 by the salt merchant Osric Vale.",
@@ -31,7 +35,7 @@ QUESTION = "Who founded Lindorf?"
 
 def _engine(request, runner, tmp_path, backend: str):
     store = f"disk:{tmp_path / 'blocks'}" if backend == "disk" else request.getfixturevalue("redis_url")
-    return Engine(EngineConfig(store=store, codec="kivi2", sequence_cache=SEQ), runner=runner)
+    return Engine(EngineConfig(store=store, codec="kivi2", sequence_cache=SEQ, **EXACT), runner=runner)
 
 
 @pytest.fixture
@@ -46,8 +50,8 @@ def ray_pool(ray_local, redis_server):
     """One worker actor (it loads its own model) over the session's redis-server."""
     from workers.ray_pool import WorkerPool
 
-    pool = WorkerPool(EngineConfig(store=redis_server.url, codec="kivi2", memory_budget_bytes=None, sequence_cache=SEQ),
-                      num_workers=1)
+    pool = WorkerPool(EngineConfig(store=redis_server.url, codec="kivi2", memory_budget_bytes=None, sequence_cache=SEQ,
+                                   **EXACT), num_workers=1)
     yield pool
     pool.shutdown()
 
