@@ -51,39 +51,45 @@ def _summary(rows: dict[str, Row], count: int, idle: list[float]) -> dict:
 
 
 def same_docs(tree_client, plain_client, tree_engine, count_tokens, count: int, chunk_tokens: int = 122,
-              progress: bool = True) -> dict:
+              progress: bool = True, max_new_tokens: int = MAX_NEW_TOKENS,
+              recompute_ratio: float | None = None) -> dict:
     """`tree_client` / `plain_client`: SDK clients of servers with / without the sequence tree."""
     pairs = same_documents(count, count_tokens, chunk_tokens=chunk_tokens)
     rows, idle = {mode: Row() for mode in MODES}, []
+    blend = dict(recompute_ratio=recompute_ratio)  # None: the server's setting
     for first, second in tqdm(pairs, desc="same documents, another question", disable=not progress):
-        ask = dict(chunks=list(second.chunks), max_new_tokens=MAX_NEW_TOKENS)
+        ask = dict(chunks=list(second.chunks), max_new_tokens=max_new_tokens)
         full = tree_client.generate(second.question, mode="full", namespace="bench-full", **ask)
         for client in (tree_client, plain_client):  # the app's first question over these documents
-            client.generate(first.question, chunks=list(first.chunks), max_new_tokens=MAX_NEW_TOKENS)
+            client.generate(first.question, chunks=list(first.chunks), max_new_tokens=max_new_tokens, **blend)
         idle.append(tree_engine.scheduler.wait_idle(IDLE_TIMEOUT_S))
         rows["full"].add(full, second.answer, full.token_ids)
-        rows["blend"].add(plain_client.generate(second.question, **ask), second.answer, full.token_ids)
-        rows["tree+blend"].add(tree_client.generate(second.question, **ask), second.answer, full.token_ids)
+        rows["blend"].add(plain_client.generate(second.question, **ask, **blend), second.answer, full.token_ids)
+        rows["tree+blend"].add(tree_client.generate(second.question, **ask, **blend), second.answer, full.token_ids)
     return {"workload": "same-docs", "api": "grpc (SDK)", **_summary(rows, len(pairs), idle)}
 
 
-def zipf(tree_engine, plain_engine, count_tokens, count: int, chunk_tokens: int = 122, progress: bool = True) -> dict:
+def zipf(tree_engine, plain_engine, count_tokens, count: int, chunk_tokens: int = 122, progress: bool = True,
+         max_new_tokens: int = MAX_NEW_TOKENS, recompute_ratio: float | None = None) -> dict:
     requests = zipf_requests(count, count_tokens, chunk_tokens=chunk_tokens)
     rows, idle = {mode: Row() for mode in MODES}, []
     for request in tqdm(requests, desc="zipf-popular chunks", disable=not progress):
-        ask = dict(question=request.question, chunks=request.chunks, max_new_tokens=MAX_NEW_TOKENS)
+        ask = dict(question=request.question, chunks=request.chunks, max_new_tokens=max_new_tokens)
+        blend = dict(**ask, recompute_ratio=recompute_ratio)  # None: the engine's setting
         full = tree_engine.generate(GenerateRequest(**ask, mode="full", namespace="bench-full"))
         rows["full"].add(full, request.answer, full.token_ids)
-        rows["blend"].add(plain_engine.generate(GenerateRequest(**ask)), request.answer, full.token_ids)
-        rows["tree+blend"].add(tree_engine.generate(GenerateRequest(**ask)), request.answer, full.token_ids)
+        rows["blend"].add(plain_engine.generate(GenerateRequest(**blend)), request.answer, full.token_ids)
+        rows["tree+blend"].add(tree_engine.generate(GenerateRequest(**blend)), request.answer, full.token_ids)
         idle.append(tree_engine.scheduler.wait_idle(IDLE_TIMEOUT_S))
     overlap = leading_overlap(requests)
     return {"workload": "zipf", "leading_overlap_mean": statistics.mean(overlap), **_summary(rows, len(requests), idle)}
 
 
 def run(workload: str, count: int, model: str = "default", codec: str | None = None,
-        prefill_kernel: str | None = None, progress: bool = True, chunk_tokens: int = 122) -> dict:
-    """8 chunks of `chunk_tokens` (122: ~1,100-token prompts, the default model's reliable range)."""
+        prefill_kernel: str | None = None, progress: bool = True, chunk_tokens: int = 122,
+        max_new_tokens: int = MAX_NEW_TOKENS, recompute_ratio: float | None = None) -> dict:
+    """8 chunks of `chunk_tokens` (122: ~1,100-token prompts, the default model's reliable range).
+    max_new_tokens, recompute_ratio (None: the engine's setting): smaller runs (the tests)."""
     import tempfile
 
     from client import RagKVClient
@@ -99,13 +105,14 @@ def run(workload: str, count: int, model: str = "default", codec: str | None = N
         count_tokens = lambda text: len(tree.runner.tokenize(text))  # noqa: E731
         try:
             if workload == "zipf":
-                out = zipf(tree, plain, count_tokens, count, chunk_tokens, progress)
+                out = zipf(tree, plain, count_tokens, count, chunk_tokens, progress, max_new_tokens, recompute_ratio)
                 return {**out, "codec": settings["codec"], "chunk_tokens": chunk_tokens}
             servers = [start_server(ServeConfig(host="127.0.0.1", port=0), engine) for engine in (tree, plain)]
             try:
                 with RagKVClient(f"127.0.0.1:{servers[0].port}", timeout=600) as tree_client, \
                         RagKVClient(f"127.0.0.1:{servers[1].port}", timeout=600) as plain_client:
-                    out = same_docs(tree_client, plain_client, tree, count_tokens, count, chunk_tokens, progress)
+                    out = same_docs(tree_client, plain_client, tree, count_tokens, count, chunk_tokens, progress,
+                                    max_new_tokens, recompute_ratio)
             finally:
                 for server in servers:
                     server.server.stop(0)

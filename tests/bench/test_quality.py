@@ -115,15 +115,17 @@ def test_exact_configs_agree_with_full(runner):
 
 
 def test_quick_run_writes_the_contract_json_and_plots(runner, tmp_path, capsys):
-    """`ragkv bench quality --quick --families ... --answer-tokens 6 --json OUT --plots DIR`, in process (the
-    session's model is reused)."""
+    """`ragkv bench quality --quick --families ... --answer-tokens 6 --configs reuse blend@1.0 --json OUT --plots DIR`,
+    in process (the session's model is reused)."""
     from ragkv.cli import main
 
     out, plots = tmp_path / "quality.json", tmp_path / "plots"
-    # two families (merge needs two) and short answers keep this smoke test cheap (all 15: 140 s): the JSON,
-    # plots, report and merge do not depend on how many families or how long the answers are
+    # two families (merge needs two), short answers and three configs (the quick preset's seven: +12 s) keep this
+    # smoke test cheap (all 15 families: 140 s): the JSON, plots, report and merge do not depend on how many
+    # families or configs there are or how long the answers are; blend@1.0 (exact) is checked, reuse (lossy) is not
     families = ["single_needle", "shared_attribute"]
     assert main(["bench", "quality", "--quick", "--families", ",".join(families), "--answer-tokens", "6",
+                 "--configs", "reuse", "blend@1.0",
                  "--json", str(out), "--plots", str(plots), "--report", str(tmp_path / "q.md")]) == 0
     capsys.readouterr()
     result = json.loads(out.read_text())

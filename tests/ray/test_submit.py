@@ -19,6 +19,8 @@ from workers.engine import EngineConfig
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
+# the job runs ragkv/, workers/, kvstore/: the rest of the repo (research/results alone is 7 MB) is not uploaded
+UPLOAD_EXCLUDES = ["/research/", "/docs/", "/tests/", "/helm/", "/deploy/"]
 DOCS = ["Glaciers carve U-shaped valleys; rivers carve V-shaped ones. Moraines mark where the ice stopped.",
         "The recipe needs two eggs, a cup of flour and a pinch of salt. Whisk the eggs before adding flour."]
 
@@ -48,7 +50,8 @@ def test_precompute_through_ray_job_submit(redis_url, runner, tmp_path):
                    f"--dashboard-port={dash}", "--disable-usage-stats", env=env, timeout=120)
     try:
         assert started.returncode == 0, started.stderr[-2000:]
-        job = _ray("job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ".", "--",
+        job = _ray("job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ".",
+                   "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}), "--",
                    sys.executable, "-m", "ragkv.jobs.precompute", "--corpus", str(corpus), "--store", redis_url,
                    "--chunk-tokens", "64", "--workers", "1", "--no-progress", env=env, timeout=240)
         assert job.returncode == 0, (job.stdout[-3000:], job.stderr[-3000:])

@@ -152,6 +152,7 @@ def test_chunks_compressed_at_ingest_are_shifted_and_reused(runner, drift):
 def test_context_drift_is_measured_once_stored_and_reused(runner, monkeypatch, tmp_path):
     monkeypatch.setattr(cd, "DRAWS", 1)
     monkeypatch.setattr(cd, "PROMPT_CHUNKS", 2)
+    monkeypatch.setattr(cd, "CHUNK_TOKENS", 32)  # short chunks: the stored measurement's mechanics, not its figures
     monkeypatch.setattr(cd, "drift_path", lambda runner, form: tmp_path / f"drift-{form}.json")
     monkeypatch.setattr(cd, "_DRIFTS", {})
     measured = cd.context_drift(runner, "doc")
