@@ -60,7 +60,7 @@ class ServeConfig:
             raise ValueError("--tls-cert and --tls-key go together")
         if not 0.0 <= self.engine.shadow_sample <= 1.0:
             raise ValueError(f"shadow_sample: must be in [0, 1], got {self.engine.shadow_sample}")
-        adaptive_controller(self.engine, start=0.0)  # ValueError names the adaptive_* setting
+        adaptive_controller(self.engine)  # ValueError names the adaptive_* setting
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port: out of range: {self.port}")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:

@@ -11,8 +11,8 @@ the recompute ratio of requests that ask for none, per namespace, along a ladder
         otherwise                    -> stay
     a check of a request that ran at another ratio (its own, or before a change) is not counted
 
-A namespace starts at the rung nearest its own setting (its calibration, `ragkv calibrate --requests
---namespace`), else the server's. Every change is logged and kept
+A namespace starts at the rung nearest the ratio its requests would run at without the controller (its
+calibration, `ragkv calibrate --requests --namespace`, else the server's), which the engine passes in. Every change is logged and kept
 (the last MAX_CHANGES) for Stats and the metrics.
 """
 
@@ -61,7 +61,6 @@ class RatioController:
     target: float  # answer agreement to hold, in (0, 1]
     ratios: tuple[float, ...]  # the ladder, ascending; its ends are the bounds
     window: int  # checks per decision
-    start: float  # the server's ratio: a new namespace without its own starts at the nearest rung
     changes: list[RatioChange] = field(default_factory=list)  # the last MAX_CHANGES
     changed: int = 0  # changes in all
     _rungs: dict[str, _Rung] = field(default_factory=dict)
@@ -73,19 +72,22 @@ class RatioController:
         if self.window < 1:
             raise ValueError(f"adaptive_window: must be >= 1, got {self.window}")
 
-    def ratio(self, namespace: str, start: float | None = None) -> float:
-        """The ratio a request of `namespace` without its own ratio runs at now. `start`: the namespace's own
-        setting (its calibration), where a namespace seen for the first time starts; None: the server's."""
+    def ratio(self, namespace: str, start: float) -> float:
+        """The ratio a request of `namespace` without its own ratio runs at now. `start`: the namespace's setting
+        (its calibration, else the server's); a namespace seen for the first time starts at the nearest rung."""
         with self._lock:
-            return self.ratios[self._rung(namespace, start).index]
+            if namespace not in self._rungs:
+                nearest = min(range(len(self.ratios)), key=lambda i: abs(self.ratios[i] - start))
+                self._rungs[namespace] = _Rung(nearest)
+            return self.ratios[self._rungs[namespace].index]
 
     def observe(self, namespace: str, ratio: float, agreed: bool) -> RatioChange | None:
         """One shadow check of a request that ran at `ratio`; the change it caused, if any."""
         with self._lock:
-            rung = self._rung(namespace)
-            old = self.ratios[rung.index]
-            if ratio != old:
+            rung = self._rungs.get(namespace)  # set by ratio(), which ran the checked request's plan
+            if rung is None or ratio != self.ratios[rung.index]:
                 return None
+            old = self.ratios[rung.index]
             rung.checks += 1
             rung.agreed += int(agreed)
             if rung.checks < self.window:
@@ -102,13 +104,6 @@ class RatioController:
         log.info("adaptive ratio, namespace %r: %g -> %g (answer agreement %.3f over %d checks, target %g)",
                  namespace, change.old, change.new, agreement, checks, self.target)
         return change
-
-    def _rung(self, namespace: str, start: float | None = None) -> _Rung:
-        if namespace not in self._rungs:
-            start = self.start if start is None else start
-            nearest = min(range(len(self.ratios)), key=lambda i: abs(self.ratios[i] - start))
-            self._rungs[namespace] = _Rung(nearest)
-        return self._rungs[namespace]
 
     def as_dict(self) -> dict:
         with self._lock:

@@ -124,7 +124,7 @@ class Engine:
                                   self.sequences)
         decode_weights = self.runner.decode_weights(config.batch.decode_kernel, config.batch.max_batch)
         self.steps = RequestSteps(self.runner, self.chunks, decode_weights, config.chunk_form)
-        self.adaptive = adaptive_controller(config, self.blend_setting[0].recompute_ratio)
+        self.adaptive = adaptive_controller(config)
         self.shadow = ShadowVerifier(self.runner, decode_weights, config.shadow_sample, adaptive=self.adaptive)
         # continuous batching: the scheduler's one thread runs all model work (prefill, decode, ingest compute)
         self.scheduler = Scheduler(config.batch, self.steps.prefill, self.steps.decode)
@@ -268,7 +268,7 @@ class Engine:
         if request.recompute_ratio is not None:
             setting, source = setting.with_ratio(request.recompute_ratio), "request"
         elif self.adaptive is not None:
-            ratio = self.adaptive.ratio(request.namespace, start=setting.recompute_ratio)  # from its own setting
+            ratio = self.adaptive.ratio(request.namespace, start=setting.recompute_ratio)  # from its setting
             setting, source = setting.with_ratio(ratio), "adaptive"
         return plan_for(request.mode, setting), source
 
@@ -322,14 +322,13 @@ class Engine:
         self.text_index.close()
 
 
-def adaptive_controller(config: EngineConfig, start: float) -> RatioController | None:
+def adaptive_controller(config: EngineConfig) -> RatioController | None:
     """The adaptive ratio's controller when `adaptive_target` is set (it needs the shadow checks), else None."""
     if not config.adaptive_target:
         return None
     if config.shadow_sample <= 0:
         raise ValueError("adaptive_target: needs shadow_sample > 0 (the shadow checks steer the ratio)")
-    return RatioController(config.adaptive_target, parse_ratios(config.adaptive_ratios), config.adaptive_window,
-                           start)
+    return RatioController(config.adaptive_target, parse_ratios(config.adaptive_ratios), config.adaptive_window)
 
 
 def blend_setting(config: EngineConfig, runner: ModelRunner, namespace: str = "") -> tuple[BlendConfig, str]:

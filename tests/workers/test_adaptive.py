@@ -21,23 +21,25 @@ PROMPTS = (
 
 
 def test_the_ladder_moves_up_below_the_target_and_down_with_margin(caplog):
-    c = RatioController(target=0.75, ratios=(0.15, 0.3, 0.5), window=2, start=0.2)
-    assert c.ratio("a") == 0.15 and c.ratio("b") == 0.15  # the rung nearest the server's ratio
-    assert c.ratio("own", start=0.45) == 0.5 and c.ratio("own") == 0.5  # or nearest its own, once
+    c = RatioController(target=0.75, ratios=(0.15, 0.3, 0.5), window=2)
+    server = 0.2  # the ratio a request runs at without the controller
+    assert c.ratio("a", server) == 0.15 and c.ratio("b", server) == 0.15  # the rung nearest it
+    assert c.ratio("own", 0.45) == 0.5 and c.ratio("own", server) == 0.5  # or nearest its own calibration, once
+    assert c.observe("unseen", 0.15, False) is None and "unseen" not in c.as_dict()["namespaces"]
     with caplog.at_level(logging.INFO, logger="ragkv.adaptive"):
         assert c.observe("a", 0.15, True) is None  # the window is not full yet
         up = c.observe("a", 0.15, False)  # 1 of 2 < 0.75
     assert (up.old, up.new, up.agreement, up.checks) == (0.15, 0.3, 0.5, 2)
-    assert "0.15 -> 0.3" in caplog.text and c.ratio("b") == 0.15  # namespaces apart
+    assert "0.15 -> 0.3" in caplog.text and c.ratio("b", server) == 0.15  # namespaces apart
     assert c.observe("a", 0.15, False) is None and c.as_dict()["namespaces"]["a"]["checks"] == 0  # stale: ignored
     c.observe("a", 0.3, False), c.observe("a", 0.3, False)
     for _ in range(4):  # at the top it stays
         c.observe("a", 0.5, False)
-    assert c.ratio("a") == 0.5
+    assert c.ratio("a", server) == 0.5
     c.observe("a", 0.5, True), c.observe("a", 0.5, False)  # 0.5: between target and margin: stays
-    assert c.ratio("a") == 0.5
+    assert c.ratio("a", server) == 0.5
     c.observe("a", 0.5, True), c.observe("a", 0.5, True)  # 1.0 >= (1 + 0.75) / 2: one rung down
-    assert c.ratio("a") == 0.3
+    assert c.ratio("a", server) == 0.3
     state = c.as_dict()
     assert state["changed"] == 3 and [(x["old"], x["new"]) for x in state["changes"]] == [
         (0.15, 0.3), (0.3, 0.5), (0.5, 0.3)]
@@ -87,10 +89,10 @@ def test_the_engine_moves_each_namespace_by_what_its_checks_found(runner, tmp_pa
             full = engine.generate(GenerateRequest(**ask, mode="full"))
             agreed = blend.token_ids == full.token_ids
             expected = max(expected - 1, 0) if agreed else min(expected + 1, len(ladder) - 1)
-            assert engine.adaptive.ratio("") == ladder[expected]
+            assert engine.adaptive.as_dict()["namespaces"][""]["ratio"] == ladder[expected]
         own = engine.generate(GenerateRequest(**ask, recompute_ratio=0.3))  # its own ratio: not steered, not counted
         _idle(engine)
-        assert own.stats["blend_setting"] == "request" and engine.adaptive.ratio("") == ladder[expected]
+        assert own.stats["blend_setting"] == "request"
         stats = engine.stats().as_dict()
         assert stats["adaptive"]["namespaces"][""]["ratio"] == ladder[expected]
         assert stats["shadow"]["namespaces"][""]["checked"] == len(PROMPTS) + 1
