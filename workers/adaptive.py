@@ -12,8 +12,8 @@ the recompute ratio of requests that ask for none, per namespace, along a ladder
     a check of a request that ran at another ratio (its own, or before a change) is not counted
 
 A namespace starts at the rung nearest the ratio its requests would run at without the controller (its
-calibration, `ragkv calibrate --requests --namespace`, else the server's), which the engine passes in. Every change is logged and kept
-(the last MAX_CHANGES) for Stats and the metrics.
+calibration, `ragkv calibrate --requests --namespace`, else the server's), which the engine passes in.
+Every change is logged and kept (the last MAX_CHANGES) for Stats and the metrics.
 """
 
 from __future__ import annotations
