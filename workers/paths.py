@@ -1,6 +1,7 @@
 """Where ragkv keeps its files: one cache directory (RAGKV_CACHE_DIR, default ~/.cache/ragkv).
 
-Under it: models/ (the converted default model), blocks/ (the default disk store), calibration/.
+Under it: models/ (the converted default model), blocks/ (the default disk store), calibration/,
+native/ (the decode kernels built on first use, workers/batching/avx2.py).
 """
 
 from __future__ import annotations

@@ -71,13 +71,14 @@ def prompt_chunks(target_tokens: int) -> list[str]:
     return chunks
 
 
-def ragkv_decode(chunks: list[str], max_new_tokens: int, repeats: int) -> dict:
-    """A real `ragkv serve` (default settings, int4 decode) answering the prompt in `full` mode, alone."""
+def ragkv_decode(chunks: list[str], max_new_tokens: int, repeats: int, kernel: str) -> dict:
+    """A real `ragkv serve` (default settings, decode kernel `kernel`) answering the prompt in `full` mode, alone."""
     from client import RagKVClient
     from ragkv.bench.load import ServerProcess
 
     with tempfile.TemporaryDirectory(prefix="ragkv-decode-") as tmp:
-        server = ServerProcess(Path(tmp), 256 << 20, ("--max-batch", "1", "--no-sequence-cache"))
+        server = ServerProcess(Path(tmp), 256 << 20, ("--max-batch", "1", "--no-sequence-cache",
+                                                        "--decode-kernel", kernel))
         try:
             server.wait_ready(300)
             runs = []
@@ -89,7 +90,8 @@ def ragkv_decode(chunks: list[str], max_new_tokens: int, repeats: int) -> dict:
                     n = len(r.token_ids)
                     runs.append({"tokens": n, "ttft_s": r.ttft_s, "total_s": r.total_s,
                                  "tokens_per_s": (n - 1) / (r.total_s - r.ttft_s),
-                                 "prompt_tokens": r.stats.get("prompt_tokens")})
+                                 "prompt_tokens": r.stats.get("prompt_tokens"),
+                                 "decode_kernel": r.stats.get("decode_kernel")})
             return {"runs": runs}
         finally:
             server.stop()
@@ -119,21 +121,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", dest="json_out")
+    parser.add_argument("--kernels", nargs="+", default=["avx2", "int4"], help="ragkv decode kernels to run")
     args = parser.parse_args(argv)
     import torch
 
     chunks = prompt_chunks(TARGET_TOKENS)
     started = time.perf_counter()
-    ragkv = ragkv_decode(chunks, args.max_new_tokens, args.repeats)
+    ragkv = {kernel: ragkv_decode(chunks, args.max_new_tokens, args.repeats, kernel) for kernel in args.kernels}
     llama = llama_decode(args.llama_python, chunks, args.max_new_tokens, args.repeats, args.threads)
     result = {"chunks": len(chunks), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
               "torch_threads": torch.get_num_threads(), "llama_cpp_threads": args.threads,
-              "ragkv": {**summary(ragkv["runs"]), "prompt_tokens": ragkv["runs"][-1]["prompt_tokens"]},
+              "ragkv": {kernel: {**summary(r["runs"]), "prompt_tokens": r["runs"][-1]["prompt_tokens"],
+                                 "decode_kernel_used": r["runs"][-1]["decode_kernel"]} for kernel, r in ragkv.items()},
               "llama_cpp": {**summary(llama["runs"]), "prompt_tokens": llama["prompt_tokens"],
                             "version": llama["llama_cpp_version"]},
               "elapsed_s": round(time.perf_counter() - started, 1)}
-    result["ratio_ragkv_over_llama_cpp"] = round(result["ragkv"]["tokens_per_s"]
-                                                 / result["llama_cpp"]["tokens_per_s"], 2)
+    result["ratio_ragkv_over_llama_cpp"] = {kernel: round(r["tokens_per_s"] / result["llama_cpp"]["tokens_per_s"], 2)
+                                            for kernel, r in result["ragkv"].items()}
     text = json.dumps(result, indent=2)
     print(text)
     if args.json_out:

@@ -126,9 +126,12 @@ def test_cache_grows_in_place_and_never_into_a_shared_buffer():
     assert view.keys[0, -1, 0] == -1 and layer.keys[0, -1, 0] == 7  # neither wrote into the other's room
 
 
-def test_packed_heads_step_equals_the_padded_layout(runner, prefilled):
+@pytest.mark.parametrize("kernel,atol", [("fp32", 1e-4), ("avx2", 0.02)])  # avx2: its C attention reads both
+def test_packed_heads_step_equals_the_padded_layout(runner, prefilled, kernel, atol):
     """Heads keeping unequal counts: the packed layer holds exactly the kept entries, and a decode step
-    (and the runner's attention) over it gives the padded layer's logits."""
+    (and the runner's attention) over it gives the padded layer's logits. avx2's tolerance is its step's
+    against fp32 (test_avx2.py): its activations are quantized, so a different summation order can move
+    a code by one; a head reading another head's entries moves logits by far more."""
     cache, token, n = prefilled
     gen = torch.Generator().manual_seed(0)
     heads = runner.shape.num_kv_heads
@@ -146,15 +149,15 @@ def test_packed_heads_step_equals_the_padded_layout(runner, prefilled):
         assert torch.equal(back.head_mask, kv.head_mask)
     padded_cache, packed_cache = KVCache(padded), KVCache(packed)
     assert packed_cache.nbytes() < 0.8 * padded_cache.nbytes()
-    weights = runner.decode_weights("fp32", 4)
+    weights = runner.decode_weights(kernel, 4)
     for step in range(3):  # appends: one entry per kv head and token in the packed layer
         want = decode_step(runner, weights, [token + step], [n + step], [padded_cache])
         got = decode_step(runner, weights, [token + step], [n + step], [packed_cache])
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got, want, atol=atol, rtol=1e-4)
     assert all(kv.head_length == p.num_tokens for kv, p in zip(packed_cache.layers, padded_cache.layers))
     want = runner.forward(torch.tensor([5, 6]), torch.tensor([n + 3, n + 4]), padded_cache)
     got = runner.forward(torch.tensor([5, 6]), torch.tensor([n + 3, n + 4]), packed_cache)
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, want, atol=atol, rtol=1e-4)  # over the entries those steps wrote
 
 
 # -- the scheduler, through the engine ---------------------------------------------------

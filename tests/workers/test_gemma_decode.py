@@ -145,6 +145,8 @@ def test_int4_step_agrees_with_fp32(gemma_runner, long):
     Q6_K, none of them 4-bit groups, and fall back to fp32; the Q8_0 embedding (the tied lm_head) packs."""
     weights = gemma_runner.decode_weights("int4", 4)
     assert weights.kernels_used() == {"int4": 1, "fp32": 4 * gemma_runner.shape.num_layers}
+    avx2 = gemma_runner.decode_weights("avx2", 4)  # the default kernel serves the plain Llama layer only
+    assert avx2.kernel == "int4" and avx2.native is None and "not the plain Llama form" in avx2.note
     fp32 = _step(gemma_runner, gemma_runner.decode_weights("fp32", 4), [long])
     int4 = _step(gemma_runner, weights, [long])
     assert torch.allclose(int4, fp32, atol=INT4_ATOL) and int(int4.argmax()) == int(fp32.argmax())

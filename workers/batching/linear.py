@@ -15,6 +15,10 @@ greedy tokens would depend on who it was batched with:
            halves), is handled the same way when exact, else falls back to fp32. Gemma 3 270M's GGUF
            (Q4_K_M): only its Q8_0 embedding (the tied lm_head) packs; q, k, gate and up are Q5_0
            (5-bit codes), o Q4_K (6-bit sub-block scales), down Q6_K: those run in fp32.
+    avx2   the same GGUF blocks (Q4_1, and Q8_0 for the embedding) kept as they are and multiplied by
+           avx2.c's integer dot products (activations quantized per 32 to int8, as llama.cpp does).
+           Its matrices run inside avx2.c's whole-layer call (step.py), never in the scripted layer;
+           a model avx2.c cannot serve, or a machine that cannot build it, decodes with int4 instead.
 
 `DecodeLinear.__call__(x [M, K]) -> [M, N]` in the kernel's own dtype (fp32 or bf16): the caller adds
 it into an fp32 residual in place, or casts it, so no extra conversion is paid. The arithmetic is
@@ -31,17 +35,18 @@ from typing import Callable, List
 import torch
 
 from kvstore.registry import registrar
+from workers.batching import avx2
 
 GROUP = 32
 PROBE_ROWS = 64  # groups are tried on a matrix's first rows before all of it (see probed)
 DECODE_KERNELS: dict[str, Callable[[torch.Tensor, int], "DecodeLinear"]] = {}
-DEFAULT_DECODE_KERNEL = "int4"  # the default model's weights are 4-bit (GGUF Q4_1); fp32 is the exact path
+DEFAULT_DECODE_KERNEL = "avx2"  # the default model's own GGUF blocks (int4 where avx2 cannot run); fp32 is exact
 
 
 decode_kernel = registrar(DECODE_KERNELS, "decode kernel")
 
 
-PADDED_GEMM, INT4_PARTS = 0, 1  # apply_linear's kinds (TorchScript reads no globals: it spells them 0, 1, 32)
+PADDED_GEMM, INT4_PARTS, NATIVE = 0, 1, 2  # apply_linear's kinds (TorchScript reads no globals: it spells them)
 
 
 def apply_linear(x: torch.Tensor, kind: int, tensors: List[torch.Tensor], pad_rows: int) -> torch.Tensor:
@@ -55,6 +60,8 @@ def apply_linear(x: torch.Tensor, kind: int, tensors: List[torch.Tensor], pad_ro
         if padded != rows:
             x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
         return torch.mm(x.to(weight.dtype), weight.t())[:rows]
+    if kind == 2:  # NATIVE
+        raise RuntimeError("avx2 matrices run in avx2.c's layer call, not in the scripted layer")
     x = x.to(torch.bfloat16)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, tensors[0], 32, tensors[1])  # INT4_PARTS, GROUP
     if len(tensors) == 2:
@@ -185,3 +192,25 @@ def int4_kernel(weight: torch.Tensor, pad_rows: int) -> DecodeLinear:
     if weight.device.type != "cpu":  # the int4 kernel here is torch's CPU one
         return fp32_kernel(weight, pad_rows)
     return pack_int4(weight.detach()) or fp32_kernel(weight, pad_rows)
+
+
+@dataclass
+class Avx2Linear(DecodeLinear):
+    """The matrix's own GGUF blocks, multiplied by avx2.c (fp32 out)."""
+
+    blocks: avx2.Blocks
+    kernel: str = "avx2"
+
+    def __post_init__(self) -> None:
+        self.kind, self.tensors = NATIVE, [self.blocks.data]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return avx2.matvec(self.blocks, x)
+
+
+@decode_kernel("avx2")
+def avx2_kernel(weight: torch.Tensor, pad_rows: int) -> DecodeLinear:
+    if weight.device.type != "cpu" or avx2.library() is None:
+        return int4_kernel(weight, pad_rows)
+    blocks = avx2.pack(weight.detach().float(), q4_groups, q8_groups)
+    return Avx2Linear(blocks) if blocks is not None else int4_kernel(weight, pad_rows)

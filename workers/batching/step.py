@@ -9,6 +9,10 @@ and a row's arithmetic is the same in a batch of 16 as alone.
 Both model families of workers/runner.py: Llama (one RoPE table, SiLU) and Gemma 3 (four norms per
 layer scaling by 1 + weight, GELU-tanh, a RoPE table per layer type, sliding-window layers).
 What the step cannot compute the way the runner's forward does is refused when the weights are built.
+
+With the `avx2` kernel a plain Llama model's layers run as one C call each (avx2.py): the same
+arithmetic, without the per-op dispatch. A model or machine it cannot serve decodes with `int4`,
+and `DecodeWeights.note` says why.
 """
 
 from __future__ import annotations
@@ -16,14 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import logging
+
 import torch
 
 from kvstore.rope import rope_cos_sin
+from workers.batching import avx2
 from workers.batching.layer import GELU_TANH, SILU, decode_layer, rms_norm
-from workers.batching.linear import DECODE_KERNELS, DecodeLinear
+from workers.batching.linear import DECODE_KERNELS, Avx2Linear, DecodeLinear
 from workers.cache import KVCache, LayerKV
 
 ACTIVATIONS = {"silu": SILU, "gelu_pytorch_tanh": GELU_TANH}  # config's MLP activation -> decode_layer's code
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -108,6 +116,8 @@ class DecodeWeights:
     intermediate: int  # MLP width: gate_up's first half is the gate
     rope_freqs: list[torch.Tensor]  # the distinct RoPE frequency tables [D/2] (Gemma 3: local, global)
     arguments: list[tuple] = field(init=False)  # per layer: DecodeLayer.arguments(), derived from `layers`
+    native: list[avx2.NativeLayer] | None = None  # avx2: each layer as one C call
+    note: str = ""  # why the kernel asked for is not the one used
 
     def __post_init__(self) -> None:
         self.arguments = [layer.arguments() for layer in self.layers]
@@ -121,6 +131,50 @@ class DecodeWeights:
 
 
 def build_decode_weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
+    """The model's weights in `kernel`'s form; avx2 where it can serve the model, else int4 (with a note)."""
+    refusal = native_refusal(runner) if kernel == "avx2" else None
+    weights = _weights(runner, "int4" if refusal else kernel, pad_rows)
+    if kernel == "avx2" and not refusal:
+        linears = [m for layer in weights.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        if all(isinstance(m, Avx2Linear) for m in linears):
+            weights.native = [native_layer(runner, layer) for layer in weights.layers]
+            return weights
+        refusal = "a layer matrix is not exact Q4_1 or Q8_0 blocks"
+        weights = _weights(runner, "int4", pad_rows)
+    if refusal:
+        weights.note = f"avx2 decode kernel not used: {refusal}; decoding with int4"
+        log.warning(weights.note)
+    return weights
+
+
+def native_refusal(runner) -> str | None:
+    """Why avx2.c's layer cannot decode this model here (it runs the plain Llama layer in fp32), or None."""
+    if (reason := avx2.unavailable()) is not None:
+        return reason
+    if runner.device.type != "cpu" or runner.dtype != torch.float32:
+        return f"the model is {runner.dtype} on {runner.device.type}, not fp32 on the CPU"
+    config, shape = runner.model.config, runner.shape
+    if runner.sandwich_norms or any(w is not None for w in runner.windows) or mlp_activation(config) != SILU:
+        return "the layers are not the plain Llama form (sandwich norms, sliding windows or another activation)"
+    attn = runner.layers[0].self_attn
+    if attn.q_proj.bias is not None or getattr(attn, "q_norm", None) is not None:
+        return "the attention has q/k/v biases or q/k norms"
+    return avx2.shape_refusal(_native_shape(runner))
+
+
+def _native_shape(runner) -> avx2.Shape:
+    shape = runner.shape
+    return avx2.Shape(shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim,
+                      runner.layers[0].mlp.gate_proj.weight.shape[0])
+
+
+def native_layer(runner, layer: DecodeLayer) -> avx2.NativeLayer:
+    return avx2.NativeLayer(_native_shape(runner), (layer.input_norm.weight, layer.post_norm.weight),
+                            layer.input_norm.eps, layer.scaling,
+                            tuple(m.blocks for m in (layer.qkv, layer.o, layer.gate_up, layer.down)))
+
+
+def _weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
     make = DECODE_KERNELS[kernel]
     activation = mlp_activation(runner.model.config)
     layers = []
@@ -178,15 +232,25 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
     pos = torch.tensor(positions, device=device)  # [B]
     row_pos = [pos[b:b + 1] for b in range(rows)]
     hidden = runner.embed(torch.tensor(list(token_ids), device=device))  # [B, hidden]
-    rotations = [rope_matrix(pos, freqs.to(device), runner.rope_scale).to(hidden.dtype)  # per table [B, D, D]
-                 for freqs in weights.rope_freqs]
+    if weights.native is not None:  # avx2.c: RoPE as cos/sin rows [B, D] per table
+        rotations = [tuple((t * runner.rope_scale).contiguous() for t in rope_cos_sin(pos, freqs.to(device)))
+                     for freqs in weights.rope_freqs]
+    else:
+        rotations = [rope_matrix(pos, freqs.to(device), runner.rope_scale).to(hidden.dtype)  # per table [B, D, D]
+                     for freqs in weights.rope_freqs]
     for index, (layer, arguments) in enumerate(zip(weights.layers, weights.arguments)):
         kvs = [cache.layers[index] for cache in caches]
         slots = [kv.reserve(row_pos[b], hidden.dtype, hidden.dtype) for b, kv in enumerate(kvs)]
         masks = [visible_entries(kv, p, layer.window) for kv, p in zip(kvs, positions)]
-        q = layer_fn(hidden, rotations[layer.rope], *arguments, heads, kv_heads, head_dim, weights.intermediate,
-                     layer.scaling, [kv.keys for kv in kvs], [kv.values for kv in kvs], masks,
-                     [slot[0] for slot in slots], [slot[1] for slot in slots])
+        if weights.native is not None:
+            cos, sin = rotations[layer.rope]
+            q = weights.native[index](hidden, [avx2.row(kv.keys, kv.values, mask, key_slot, value_slot, cos[b], sin[b])
+                                               for b, (kv, mask, (key_slot, value_slot))
+                                               in enumerate(zip(kvs, masks, slots))])
+        else:
+            q = layer_fn(hidden, rotations[layer.rope], *arguments, heads, kv_heads, head_dim,
+                         weights.intermediate, layer.scaling, [kv.keys for kv in kvs], [kv.values for kv in kvs],
+                         masks, [slot[0] for slot in slots], [slot[1] for slot in slots])
         for b, observer in enumerate(observers):
             if observer is not None:
                 observer(index, q[b][:, None], row_pos[b], kvs[b])

@@ -1,0 +1,321 @@
+/* The decode step's hot path on an AVX2 CPU: 4- and 8-bit matrix-vector products over the model's own
+ * GGUF blocks, and one whole Llama decoder layer in one call. Built by workers/batching/avx2.py with
+ *     gcc -O3 -mavx2 -mfma -mf16c -fopenmp -shared -fPIC
+ * and called through ctypes. The OpenMP runtime is the one torch already loaded (same soname, one pool).
+ *
+ * Blocks (32 weights each, the GGUF layouts):
+ *     Q4_1   fp16 d, fp16 m, 16 bytes: byte i holds code i (low nibble) and code i + 16 (high);  w = q * d + m
+ *     Q8_0   fp16 d, 32 int8 codes;                                                             w = q * d
+ * Activations are quantized per 32-block to two int8 codes, x = d (hi + lo / 256) (d = max|x| / 127), so a
+ * block's dot product is integer, sum(q_w (256 hi + lo)) in int32, times d_w d / 256 (+ m_w s for Q4_1):
+ * the weights exactly, the activations to ~15 bits (llama.cpp's Q8_1 keeps 8).
+ *
+ * Batch invariance: output j of row r is computed by one thread, in one fixed order, from row r alone,
+ * whatever the number of rows or threads. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QK 32
+
+typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;  /* 20 bytes */
+typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;        /* 34 bytes */
+typedef struct { float d, s; int8_t hi[QK], lo[QK]; } block_q8_2;  /* an activation block: 72 bytes */
+
+enum { Q4_1 = 0, Q8_0 = 1 };
+
+static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+static inline float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static inline float hmax(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* exp(x) for 8 lanes (Cephes' polynomial, ~1 ulp on [-87, 88]); x <= -87 gives 0. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+/* ---- activations -------------------------------------------------------------------------------- */
+
+/* x [k] -> k / 32 activation blocks: x = d (hi + lo / 256) to ~1/64000 of the block's largest value
+ * (hi = round(x / d), lo = round of the remainder in 256ths of d), s = d * sum(hi + lo / 256) */
+static void quantize_row(const float *x, block_q8_2 *y, int k) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (int i = 0; i < k / QK; i++) {
+        __m256 v[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(x + i * QK + 8 * j);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+        }
+        float d = hmax(amax) / 127.0f;
+        __m256 id = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f), step = _mm256_set1_ps(d);
+        __m256i hi[4], lo[4];
+        __m256 total = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            __m256 h = _mm256_round_ps(_mm256_mul_ps(v[j], id), round);
+            __m256 rest = _mm256_mul_ps(_mm256_fnmadd_ps(h, step, v[j]), _mm256_mul_ps(id, _mm256_set1_ps(256.0f)));
+            __m256 l = _mm256_max_ps(_mm256_min_ps(_mm256_round_ps(rest, round), top), bottom);
+            total = _mm256_add_ps(total, _mm256_fmadd_ps(l, _mm256_set1_ps(1.0f / 256.0f), h));
+            hi[j] = _mm256_cvtps_epi32(h);
+            lo[j] = _mm256_cvtps_epi32(l);
+        }
+        __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3]));
+        _mm256_storeu_si256((__m256i *)y[i].hi, _mm256_permutevar8x32_epi32(packed, order));
+        packed = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
+        _mm256_storeu_si256((__m256i *)y[i].lo, _mm256_permutevar8x32_epi32(packed, order));
+        y[i].d = d;
+        y[i].s = d * hsum(total);
+    }
+}
+
+/* ---- matrix-vector products ---------------------------------------------------------------------- */
+
+/* 32 u8 x s8 codes (hi and lo) -> 8 int32 partial sums of u (256 hi + lo), in fp32 */
+static inline __m256 dot_u8(__m256i u, __m256i hi, __m256i lo) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i h = _mm256_madd_epi16(_mm256_maddubs_epi16(u, hi), ones);
+    __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, lo), ones);
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(h, 8), l));
+}
+
+static float dot_q4_1(const block_q4_1 *w, const block_q8_2 *x, int blocks) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int i = 0; i < blocks; i++) {
+        __m128i bytes = _mm_loadu_si128((const __m128i *)w[i].qs);
+        __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), low);
+        __m256 p = dot_u8(q, _mm256_loadu_si256((const __m256i *)x[i].hi), _mm256_loadu_si256((const __m256i *)x[i].lo));
+        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
+        mins += h2f(w[i].m) * x[i].s;
+    }
+    return hsum(acc) * (1.0f / 256.0f) + mins;
+}
+
+static float dot_q8_0(const block_q8_0 *w, const block_q8_2 *x, int blocks) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < blocks; i++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)w[i].qs);
+        __m256i hi = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[i].hi), q);
+        __m256i lo = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[i].lo), q);
+        __m256 p = dot_u8(_mm256_sign_epi8(q, q), hi, lo);
+        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
+    }
+    return hsum(acc) * (1.0f / 256.0f);
+}
+
+/* out[r * n + j] = W[j] . x[r] for r < rows: W [n, k] in `format` blocks, xq [rows, k / 32] */
+static void matvec_q(const void *w, int format, int n, int k, const block_q8_2 *xq, int rows, float *out) {
+    const int blocks = k / QK;
+    #pragma omp parallel for schedule(static)
+    for (int j = 0; j < n; j++) {
+        for (int r = 0; r < rows; r++) {
+            const block_q8_2 *x = xq + (size_t)r * blocks;
+            out[(size_t)r * n + j] = format == Q4_1
+                ? dot_q4_1((const block_q4_1 *)w + (size_t)j * blocks, x, blocks)
+                : dot_q8_0((const block_q8_0 *)w + (size_t)j * blocks, x, blocks);
+        }
+    }
+}
+
+/* x [rows, k] fp32 -> out [rows, n] fp32 */
+void ragkv_matvec(const void *w, int format, int n, int k, const float *x, int rows, float *out) {
+    block_q8_2 *xq = malloc(sizeof(block_q8_2) * (size_t)rows * (k / QK));
+    for (int r = 0; r < rows; r++) quantize_row(x + (size_t)r * k, xq + (size_t)r * (k / QK), k);
+    matvec_q(w, format, n, k, xq, rows, out);
+    free(xq);
+}
+
+/* ---- one decoder layer --------------------------------------------------------------------------- */
+
+typedef struct {
+    int hidden, heads, kv_heads, head_dim, intermediate;
+    float eps, scaling;
+    const float *input_norm, *post_norm;  /* [hidden] */
+    const void *mats[4];                  /* blocks of [q|k|v], o, [gate|up], down */
+    int formats[4];                       /* Q4_1 or Q8_0, per matrix */
+} Layer;
+
+typedef struct {          /* one row's cache for this layer (fp32) and its new entry's slots */
+    const float *keys, *values;  /* entry t of kv head h at [h * kv_stride + t * head_dim] */
+    long long kv_stride;         /* 0 in the packed layout: one sequence of every head's entries */
+    int tokens;                  /* entries, the new one included */
+    const uint8_t *mask;         /* NULL, or [kv_heads, tokens] visible entries at [h * mask_stride + t] */
+    long long mask_stride;
+    float *key_slot, *value_slot;  /* the new entry, kv head h at [h * slot_stride] */
+    long long slot_stride;
+    const float *cos, *sin;      /* [head_dim]: RoPE at the row's position */
+} Row;
+
+static void rms_norm(const float *x, const float *weight, float eps, int n, float *out) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float inv = 1.0f / sqrtf(hsum(acc) / n + eps);
+    for (int i = 0; i < n; i++) out[i] = weight[i] * (x[i] * inv);
+}
+
+static void rope(float *x, const float *cos, const float *sin, int dim) {  /* rotate_half form */
+    int half = dim / 2;
+    for (int j = 0; j < half; j++) {
+        float a = x[j], b = x[j + half];
+        x[j] = a * cos[j] - b * sin[j];
+        x[j + half] = b * cos[j + half] + a * sin[j + half];
+    }
+}
+
+/* The newest token's attention for one query head: q [D] (scaled) over the row's entries -> out [D].
+ * scores: scratch [tokens]. */
+static void attend_head(const float *q, const Row *row, int kv_head, int dim, float *scores, float *out) {
+    const float *keys = row->keys + kv_head * row->kv_stride, *values = row->values + kv_head * row->kv_stride;
+    const uint8_t *mask = row->mask ? row->mask + kv_head * row->mask_stride : NULL;
+    const int n = row->tokens;
+    float best = -INFINITY;
+    for (int t = 0; t < n; t++) {
+        if (mask && !mask[t]) { scores[t] = -INFINITY; continue; }
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < dim; i += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(keys + (size_t)t * dim + i), acc);
+        scores[t] = hsum(acc);
+        if (scores[t] > best) best = scores[t];
+    }
+    __m256 total = _mm256_setzero_ps(), top = _mm256_set1_ps(best);
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top));
+        _mm256_storeu_ps(scores + t, e);
+        total = _mm256_add_ps(total, e);
+    }
+    float sum = hsum(total);
+    for (; t < n; t++) { scores[t] = expf(scores[t] - best); sum += scores[t]; }
+    for (int i0 = 0; i0 < dim; i0 += 64) {  /* 64 columns at a time, in registers */
+        const int width = dim - i0 < 64 ? dim - i0 : 64;
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (t = 0; t < n; t++) {
+            if (scores[t] == 0.0f) continue;  /* masked (or underflowed): adds nothing */
+            const __m256 p = _mm256_set1_ps(scores[t]);
+            const float *v = values + (size_t)t * dim + i0;
+            if (width == 64) {
+                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), acc[i]);
+            } else {
+                for (int i = 0; i < width / 8; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), acc[i]);
+            }
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sum);
+        for (int i = 0; i < width / 8; i++) _mm256_storeu_ps(out + i0 + 8 * i, _mm256_mul_ps(acc[i], inv));
+    }
+}
+
+static void attend(const Layer *L, const float *q, const Row *rows, int count, float *out) {
+    const int heads = L->heads, group = L->heads / L->kv_heads, dim = L->head_dim;
+    int longest = 1;
+    for (int r = 0; r < count; r++) if (rows[r].tokens > longest) longest = rows[r].tokens;
+    #pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * (size_t)longest);
+        #pragma omp for schedule(static)
+        for (int i = 0; i < count * heads; i++) {
+            const Row *row = rows + i / heads;
+            int h = i % heads;
+            attend_head(q + (size_t)i * dim, row, h / group, dim, scores, out + (size_t)i * dim);
+        }
+        free(scores);
+    }
+}
+
+/* out[i] = silu(gate[i]) * up[i] */
+static void silu_mul(const float *gate, const float *up, int n, float *out) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* hidden [count, H] += attention and MLP of this layer; queries [count, heads, D] gets the rotated
+ * (unscaled) queries. Same arithmetic order as workers/batching/layer.py's Llama form. */
+void ragkv_decode_layer(const Layer *L, float *hidden, const Row *rows, int count, float *queries) {
+    const int H = L->hidden, heads = L->heads, kvh = L->kv_heads, D = L->head_dim, I = L->intermediate;
+    const int width = (heads + 2 * kvh) * D, widest = (H > I ? H : I);
+    float *normed = malloc(sizeof(float) * (size_t)count * H);
+    float *qkv = malloc(sizeof(float) * (size_t)count * width);
+    float *scaled = malloc(sizeof(float) * (size_t)count * heads * D);
+    float *attn = malloc(sizeof(float) * (size_t)count * heads * D);
+    float *out = malloc(sizeof(float) * (size_t)count * (H > 2 * I ? H : 2 * I));
+    float *acted = malloc(sizeof(float) * (size_t)count * I);
+    block_q8_2 *xq = malloc(sizeof(block_q8_2) * (size_t)count * (widest > heads * D ? widest : heads * D) / QK);
+
+    for (int r = 0; r < count; r++) {
+        rms_norm(hidden + (size_t)r * H, L->input_norm, L->eps, H, normed + (size_t)r * H);
+        quantize_row(normed + (size_t)r * H, xq + (size_t)r * (H / QK), H);
+    }
+    matvec_q(L->mats[0], L->formats[0], width, H, xq, count, qkv);
+    for (int r = 0; r < count; r++) {
+        const Row *row = rows + r;
+        float *q = qkv + (size_t)r * width, *k = q + heads * D, *v = k + kvh * D;
+        for (int h = 0; h < heads + kvh; h++) rope(q + h * D, row->cos, row->sin, D);  /* q and k */
+        for (int h = 0; h < kvh; h++) {
+            memcpy(row->key_slot + h * row->slot_stride, k + h * D, sizeof(float) * D);
+            memcpy(row->value_slot + h * row->slot_stride, v + h * D, sizeof(float) * D);
+        }
+        memcpy(queries + (size_t)r * heads * D, q, sizeof(float) * heads * D);
+        for (int i = 0; i < heads * D; i++) scaled[(size_t)r * heads * D + i] = q[i] * L->scaling;
+    }
+    attend(L, scaled, rows, count, attn);
+    for (int r = 0; r < count; r++)
+        quantize_row(attn + (size_t)r * heads * D, xq + (size_t)r * (heads * D / QK), heads * D);
+    matvec_q(L->mats[1], L->formats[1], H, heads * D, xq, count, out);
+    for (size_t i = 0; i < (size_t)count * H; i++) hidden[i] += out[i];
+
+    for (int r = 0; r < count; r++) {
+        rms_norm(hidden + (size_t)r * H, L->post_norm, L->eps, H, normed + (size_t)r * H);
+        quantize_row(normed + (size_t)r * H, xq + (size_t)r * (H / QK), H);
+    }
+    matvec_q(L->mats[2], L->formats[2], 2 * I, H, xq, count, out);
+    for (int r = 0; r < count; r++) {
+        const float *gate = out + (size_t)r * 2 * I, *up = gate + I;
+        silu_mul(gate, up, I, acted + (size_t)r * I);
+        quantize_row(acted + (size_t)r * I, xq + (size_t)r * (I / QK), I);
+    }
+    matvec_q(L->mats[3], L->formats[3], H, I, xq, count, out);
+    for (size_t i = 0; i < (size_t)count * H; i++) hidden[i] += out[i];
+
+    free(normed); free(qkv); free(scaled); free(attn); free(out); free(acted); free(xq);
+}

@@ -1,0 +1,213 @@
+"""The AVX2 decode kernels (avx2.c): built with the machine's C compiler on first use, called through ctypes.
+
+A decode step reads every weight once per token, so its speed is the speed of a 4-bit matrix-vector
+product plus what each of the ~35 small ops of a layer costs to dispatch. avx2.c does both the way
+llama.cpp does on this CPU class: integer dot products over the GGUF blocks themselves (Q4_1 and
+Q8_0, activations quantized per 32 to int8) and one call per decoder layer (norms, projections,
+RoPE, the cache writes, attention, the MLP). This module holds the Python half:
+
+    library()                 the compiled kernels, or None (and why: `unavailable()`) on a CPU
+                              without AVX2/FMA/F16C, without a C compiler, or off x86
+    pack(weight [N, K])       the matrix's exact GGUF blocks (Q4_1, else Q8_0), or None
+    matvec(blocks, x [M, K])  -> [M, N] fp32
+    NativeLayer / row()       one decoder layer's C arguments (built once) and a row's cache (per step)
+
+The compiled library lives in the cache directory's native/ (workers/paths.py), named by a hash of
+the source and flags, written under a temporary name and renamed, so processes building at once
+never load a half-written file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from workers.paths import cache_dir
+
+SOURCE = Path(__file__).with_name("avx2.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+GROUP = 32  # weights per block
+Q4_1, Q8_0 = 0, 1  # avx2.c's block formats
+BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
+_reason: list[str] = []  # why library() is None
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels (built once per machine and source), or None: see unavailable()."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        _reason.append(f"the CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})")
+        return None
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        _reason.append("no C compiler (gcc or $CC) to build avx2.c")
+        return None
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    path = cache_dir() / "native" / f"ragkv-avx2-{digest}.so"
+    try:
+        if not path.exists():
+            _build(compiler, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        _reason.append(f"building {SOURCE.name} failed: {str(exc).strip()[:300]}")
+        return None
+    lib.ragkv_matvec.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                 ctypes.c_int, ctypes.c_void_p]
+    lib.ragkv_matvec.restype = None
+    lib.ragkv_decode_layer.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                       ctypes.c_void_p]
+    lib.ragkv_decode_layer.restype = None
+    return lib
+
+
+def _build(compiler: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial, "-lm"], check=True, capture_output=True,
+                       text=True, timeout=120)
+        os.replace(partial, path)
+    except subprocess.CalledProcessError as exc:
+        raise subprocess.CalledProcessError(exc.returncode, exc.cmd, stderr=exc.stderr) from None
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def unavailable() -> str | None:
+    """Why the kernels cannot run here, or None when they can."""
+    return None if library() is not None else "; ".join(_reason) or "unavailable"
+
+
+# -- blocks ------------------------------------------------------------------------------------------
+@dataclass
+class Blocks:
+    """A weight matrix [n, k] as GGUF blocks: data [n, k / 32, block bytes] uint8 in `format`."""
+
+    data: torch.Tensor
+    format: int  # Q4_1 or Q8_0
+    n: int
+    k: int
+
+
+def _half_bytes(x: torch.Tensor) -> torch.Tensor:
+    """[n, b] fp32 values exact in fp16 -> [n, b, 2] their fp16 bytes."""
+    return x.half().contiguous().view(torch.uint8).reshape(*x.shape, 2)
+
+
+def pack(weight: torch.Tensor, q4_groups, q8_groups) -> Blocks | None:
+    """weight [N, K] (fp32, CPU) as its exact Q4_1 blocks, else Q8_0 blocks, else None. q4_groups/q8_groups
+    recover the codes (linear.py): a block is used only when it rebuilds the matrix exactly."""
+    n, k = weight.shape
+    q4 = q4_groups(weight)
+    if q4 is not None:
+        codes, d, m = q4
+        if torch.equal(m.half().float(), m):  # GGUF keeps m in fp16; a min that is not is another format
+            nibbles = codes.reshape(n, k // GROUP, GROUP).to(torch.uint8)
+            packed = nibbles[..., :GROUP // 2] | (nibbles[..., GROUP // 2:] << 4)  # code i | code i + 16 << 4
+            return Blocks(torch.cat([_half_bytes(d), _half_bytes(m), packed], -1).contiguous(), Q4_1, n, k)
+    q8 = q8_groups(weight)
+    if q8 is None:
+        return None
+    codes, d = q8
+    signed = codes.to(torch.int8).view(torch.uint8).reshape(n, k // GROUP, GROUP)
+    return Blocks(torch.cat([_half_bytes(d), signed], -1).contiguous(), Q8_0, n, k)
+
+
+def matvec(blocks: Blocks, x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> x @ W.T [M, N] fp32 (activations quantized per 32 to int8)."""
+    x = x.float().contiguous()
+    out = torch.empty(x.shape[0], blocks.n)
+    library().ragkv_matvec(blocks.data.data_ptr(), blocks.format, blocks.n, blocks.k, x.data_ptr(), x.shape[0],
+                           out.data_ptr())
+    return out
+
+
+# -- one decoder layer -------------------------------------------------------------------------------
+class _Layer(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int), ("heads", ctypes.c_int), ("kv_heads", ctypes.c_int),
+                ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int), ("eps", ctypes.c_float),
+                ("scaling", ctypes.c_float), ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
+                ("mats", ctypes.c_void_p * 4), ("formats", ctypes.c_int * 4)]
+
+
+class _Row(ctypes.Structure):
+    _fields_ = [("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("kv_stride", ctypes.c_longlong),
+                ("tokens", ctypes.c_int), ("mask", ctypes.c_void_p), ("mask_stride", ctypes.c_longlong),
+                ("key_slot", ctypes.c_void_p), ("value_slot", ctypes.c_void_p), ("slot_stride", ctypes.c_longlong),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p)]
+
+
+@dataclass
+class Shape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+
+def shape_refusal(shape: Shape) -> str | None:
+    """Why avx2.c cannot run a model of this shape, or None."""
+    if shape.head_dim % 8 or shape.heads % shape.kv_heads:
+        return f"head_dim {shape.head_dim} is not a multiple of 8, or {shape.heads} heads do not group"
+    if any(w % GROUP for w in (shape.hidden, shape.intermediate, shape.heads * shape.head_dim)):
+        return "a matrix width is not a multiple of 32"
+    return None
+
+
+class NativeLayer:
+    """One Llama decoder layer's C arguments (fp32 norms, the four block matrices), built once; the
+    tensors are held here so their memory outlives the pointers."""
+
+    def __init__(self, shape: Shape, norms: tuple[torch.Tensor, torch.Tensor], eps: float, scaling: float,
+                 mats: tuple[Blocks, Blocks, Blocks, Blocks]):
+        self.shape = shape
+        self.norms = tuple(n.float().contiguous() for n in norms)
+        self.mats = mats
+        self.struct = _Layer(shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, eps,
+                             scaling, self.norms[0].data_ptr(), self.norms[1].data_ptr(),
+                             (ctypes.c_void_p * 4)(*[m.data.data_ptr() for m in mats]),
+                             (ctypes.c_int * 4)(*[m.format for m in mats]))
+
+    def __call__(self, hidden: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+        """hidden [B, hidden] fp32 (contiguous, updated in place), one row() per b -> queries [B, Hq, D]
+        (rotated, unscaled)."""
+        s = self.shape
+        queries = torch.empty(hidden.shape[0], s.heads, s.head_dim)
+        array = (_Row * len(rows))(*rows)
+        library().ragkv_decode_layer(ctypes.addressof(self.struct), hidden.data_ptr(), ctypes.addressof(array),
+                                     len(rows), queries.data_ptr())
+        return queries
+
+
+def row(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, key_slot: torch.Tensor,
+        value_slot: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> _Row:
+    """A row's layer cache for avx2.c. keys/values [Hkv, T, D] (or packed [1, N, D]) fp32 with the new
+    entry's slots key_slot/value_slot [Hkv, 1, D] among them; mask [Hkv, T] bool or None; cos/sin [D]
+    contiguous. Every tensor must stay alive until the layer call returns."""
+    for name, t in (("keys", keys), ("values", values), ("key slot", key_slot), ("value slot", value_slot)):
+        if t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]:
+            raise ValueError(f"avx2 decode: the {name} must be fp32 entries of contiguous head_dim, "
+                             f"got {t.dtype} strides {t.stride()}")
+    if values.stride() != keys.stride() or value_slot.stride() != key_slot.stride():
+        raise ValueError("avx2 decode: keys and values must share one layout")
+    kv_stride = 0 if keys.shape[0] == 1 and mask is not None and mask.shape[0] > 1 else keys.stride(0)
+    mask_pointer, mask_stride = None, 0
+    if mask is not None:
+        if mask.stride(-1) != 1:
+            raise ValueError("avx2 decode: the visibility mask must be contiguous along entries")
+        mask_pointer, mask_stride = mask.data_ptr(), mask.stride(0)
+    return _Row(keys.data_ptr(), values.data_ptr(), kv_stride, keys.shape[1], mask_pointer, mask_stride,
+                key_slot.data_ptr(), value_slot.data_ptr(), key_slot.stride(0), cos.data_ptr(), sin.data_ptr())
