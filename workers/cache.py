@@ -72,6 +72,24 @@ class LayerKV:
         key_slots.copy_(keys)
         value_slots.copy_(values)
 
+    def grow(self, position: int, dtype: torch.dtype) -> bool:
+        """Add one token at `position` in place, its keys/values (`dtype`) left for the caller to write at
+        entry num_tokens - 1, when the layer can: a shared layout (no head mask), its own buffers of
+        `dtype` behind its views, room for one more. Three views and one write, the fewest ops a decode step can pay per
+        layer. False, with nothing changed, otherwise: use reserve."""
+        room = self._room
+        if (self.head_mask is not None or room is None or room.views[0] is not self.keys
+                or room.views[1] is not self.values or room.views[2] is not self.positions
+                or self.positions.dim() != 1 or self.keys.shape[1] >= room.capacity
+                or room.buffers[0].dtype != dtype or room.buffers[1].dtype != dtype):
+            return False
+        keys, values, positions = room.buffers
+        end = self.keys.shape[1] + 1
+        positions[end - 1] = position
+        room.views = (keys.narrow(1, 0, end), values.narrow(1, 0, end), positions.narrow(0, 0, end))
+        self.keys, self.values, self.positions = room.views
+        return True
+
     def reserve(self, positions: torch.Tensor, key_dtype: torch.dtype | None = None,
                 value_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Grow by tokens at `positions` [S] and return their key and value slots [Hkv, S, D], to be

@@ -197,64 +197,137 @@ static void rope(float *x, const float *cos, const float *sin, int dim) {  /* ro
     }
 }
 
-/* The newest token's attention for one query head: q [D] (scaled) over the row's entries -> out [D].
- * scores: scratch [tokens]. */
-static void attend_head(const float *q, const Row *row, int kv_head, int dim, float *scores, float *out) {
-    const float *keys = row->keys + kv_head * row->kv_stride, *values = row->values + kv_head * row->kv_stride;
-    const uint8_t *mask = row->mask ? row->mask + kv_head * row->mask_stride : NULL;
-    const int n = row->tokens;
-    float best = -INFINITY;
-    for (int t = 0; t < n; t++) {
-        if (mask && !mask[t]) { scores[t] = -INFINITY; continue; }
+/* ---- attention of the newest token --------------------------------------------------------------
+ * Split the way flash-decoding does: a row's entries in SPLIT-token parts, each part's softmax partial
+ * (max, sum, weighted values) for the kv head's whole query group, then the parts merged in order. The
+ * parts depend only on the row's own length, so the result does not depend on the batch or the threads;
+ * a part's keys and values are read from memory once and stay in cache for the group's other heads. */
+
+#define SPLIT 256
+
+/* scores[j] = q . keys[j] for j < n (rows of `dim` floats, dim a multiple of 8), 8 entries at a time */
+static void scores_of(const float *q, const float *keys, int n, int dim, float *scores) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 a[8];
+        for (int e = 0; e < 8; e++) a[e] = _mm256_setzero_ps();
+        for (int i = 0; i < dim; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            for (int e = 0; e < 8; e++)
+                a[e] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (size_t)(j + e) * dim + i), a[e]);
+        }
+        /* transpose-reduce: lane e of the result is entry j + e's sum */
+        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+        __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+        _mm256_storeu_ps(scores + j, sum);
+    }
+    for (; j < n; j++) {
         __m256 acc = _mm256_setzero_ps();
         for (int i = 0; i < dim; i += 8)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(keys + (size_t)t * dim + i), acc);
-        scores[t] = hsum(acc);
-        if (scores[t] > best) best = scores[t];
-    }
-    __m256 total = _mm256_setzero_ps(), top = _mm256_set1_ps(best);
-    int t = 0;
-    for (; t + 8 <= n; t += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top));
-        _mm256_storeu_ps(scores + t, e);
-        total = _mm256_add_ps(total, e);
-    }
-    float sum = hsum(total);
-    for (; t < n; t++) { scores[t] = expf(scores[t] - best); sum += scores[t]; }
-    for (int i0 = 0; i0 < dim; i0 += 64) {  /* 64 columns at a time, in registers */
-        const int width = dim - i0 < 64 ? dim - i0 : 64;
-        __m256 acc[8];
-        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-        for (t = 0; t < n; t++) {
-            if (scores[t] == 0.0f) continue;  /* masked (or underflowed): adds nothing */
-            const __m256 p = _mm256_set1_ps(scores[t]);
-            const float *v = values + (size_t)t * dim + i0;
-            if (width == 64) {
-                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), acc[i]);
-            } else {
-                for (int i = 0; i < width / 8; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), acc[i]);
-            }
-        }
-        const __m256 inv = _mm256_set1_ps(1.0f / sum);
-        for (int i = 0; i < width / 8; i++) _mm256_storeu_ps(out + i0 + 8 * i, _mm256_mul_ps(acc[i], inv));
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(keys + (size_t)j * dim + i), acc);
+        scores[j] = hsum(acc);
     }
 }
 
+/* One part (entries t0..t1) of one kv head for its `group` query heads q [group, D] (scaled):
+ * per head g, best[g] = max score, total[g] = sum of exp(score - best), acc [group, D] = sum of
+ * exp(score - best) v. scores: scratch [SPLIT]. */
+static void attend_part(const float *q, const Row *row, int kv_head, int group, int dim, int t0, int t1,
+                        float *scores, float *best, float *total, float *acc) {
+    const float *keys = row->keys + kv_head * row->kv_stride + (size_t)t0 * dim;
+    const float *values = row->values + kv_head * row->kv_stride + (size_t)t0 * dim;
+    const uint8_t *mask = row->mask ? row->mask + kv_head * row->mask_stride + t0 : NULL;
+    const int n = t1 - t0;
+    for (int g = 0; g < group; g++) {
+        scores_of(q + g * dim, keys, n, dim, scores);
+        float top = -INFINITY;
+        for (int t = 0; t < n; t++) {
+            if (mask && !mask[t]) scores[t] = -INFINITY;
+            else if (scores[t] > top) top = scores[t];
+        }
+        float *out = acc + g * dim;
+        best[g] = top;
+        if (top == -INFINITY) {  /* every entry of this part masked */
+            total[g] = 0.0f;
+            for (int i = 0; i < dim; i++) out[i] = 0.0f;
+            continue;
+        }
+        __m256 sum8 = _mm256_setzero_ps(), top8 = _mm256_set1_ps(top);
+        int t = 0;
+        for (; t + 8 <= n; t += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top8));
+            _mm256_storeu_ps(scores + t, e);
+            sum8 = _mm256_add_ps(sum8, e);
+        }
+        float sum = hsum(sum8);
+        for (; t < n; t++) { scores[t] = scores[t] == -INFINITY ? 0.0f : expf(scores[t] - top); sum += scores[t]; }
+        total[g] = sum;
+        for (int i0 = 0; i0 < dim; i0 += 64) {  /* 64 columns at a time, in registers */
+            const int width = dim - i0 < 64 ? dim - i0 : 64;
+            __m256 a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+            for (t = 0; t < n; t++) {
+                if (scores[t] == 0.0f) continue;  /* masked (or underflowed): adds nothing */
+                const __m256 p = _mm256_set1_ps(scores[t]);
+                const float *v = values + (size_t)t * dim + i0;
+                if (width == 64) {
+                    for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), a[i]);
+                } else {
+                    for (int i = 0; i < width / 8; i++) a[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), a[i]);
+                }
+            }
+            for (int i = 0; i < width / 8; i++) _mm256_storeu_ps(out + i0 + 8 * i, a[i]);
+        }
+    }
+}
+
+static int parts_of(const Row *row) { return (row->tokens + SPLIT - 1) / SPLIT; }
+
+/* q [count, heads, D] (scaled) -> out [count, heads, D] */
 static void attend(const Layer *L, const float *q, const Row *rows, int count, float *out) {
-    const int heads = L->heads, group = L->heads / L->kv_heads, dim = L->head_dim;
-    int longest = 1;
-    for (int r = 0; r < count; r++) if (rows[r].tokens > longest) longest = rows[r].tokens;
+    const int heads = L->heads, kvh = L->kv_heads, group = heads / kvh, dim = L->head_dim;
+    int *first = malloc(sizeof(int) * (count + 1));  /* first[r]: row r's first part, numbered over rows */
+    first[0] = 0;
+    for (int r = 0; r < count; r++) first[r + 1] = first[r] + parts_of(rows + r);
+    const int parts = first[count];
+    /* per (part, head of the row): best, total, acc[D] */
+    float *best = malloc(sizeof(float) * (size_t)parts * heads), *total = malloc(sizeof(float) * (size_t)parts * heads);
+    float *acc = malloc(sizeof(float) * (size_t)parts * heads * dim);
     #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * (size_t)longest);
+        float *scores = malloc(sizeof(float) * SPLIT);
         #pragma omp for schedule(static)
-        for (int i = 0; i < count * heads; i++) {
-            const Row *row = rows + i / heads;
-            int h = i % heads;
-            attend_head(q + (size_t)i * dim, row, h / group, dim, scores, out + (size_t)i * dim);
+        for (int u = 0; u < parts * kvh; u++) {
+            const int part = u / kvh, h = u % kvh;
+            int r = 0;
+            while (first[r + 1] <= part) r++;
+            const int t0 = (part - first[r]) * SPLIT;
+            const int t1 = t0 + SPLIT < rows[r].tokens ? t0 + SPLIT : rows[r].tokens;
+            const size_t slot = (size_t)part * heads + h * group;
+            attend_part(q + ((size_t)r * heads + h * group) * dim, rows + r, h, group, dim, t0, t1, scores,
+                        best + slot, total + slot, acc + slot * dim);
         }
         free(scores);
+        #pragma omp for schedule(static)
+        for (int i = 0; i < count * heads; i++) {  /* merge row r's parts for head h, in order */
+            const int r = i / heads, h = i % heads;
+            float top = -INFINITY, sum = 0.0f;
+            for (int part = first[r]; part < first[r + 1]; part++)
+                if (best[(size_t)part * heads + h] > top) top = best[(size_t)part * heads + h];
+            float *o = out + (size_t)i * dim;
+            for (int d = 0; d < dim; d++) o[d] = 0.0f;
+            for (int part = first[r]; part < first[r + 1]; part++) {
+                const size_t slot = (size_t)part * heads + h;
+                if (total[slot] == 0.0f) continue;
+                const float scale = expf(best[slot] - top);
+                sum += scale * total[slot];
+                for (int d = 0; d < dim; d++) o[d] += scale * acc[slot * dim + d];
+            }
+            for (int d = 0; d < dim; d++) o[d] /= sum;
+        }
     }
+    free(first); free(best); free(total); free(acc);
 }
 
 /* out[i] = silu(gate[i]) * up[i] */

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from workers.cache import LayerKV
 from workers.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("avx2.c")
@@ -192,22 +193,28 @@ class NativeLayer:
         return queries
 
 
-def row(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, key_slot: torch.Tensor,
-        value_slot: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> _Row:
-    """A row's layer cache for avx2.c. keys/values [Hkv, T, D] (or packed [1, N, D]) fp32 with the new
-    entry's slots key_slot/value_slot [Hkv, 1, D] among them; mask [Hkv, T] bool or None; cos/sin [D]
+def row(kv: LayerKV, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, b: int) -> _Row:
+    """Row b's layer cache for avx2.c: kv (fp32, contiguous head_dim) already grown by the new token,
+    whose entries the C layer writes: entry T - 1 of every kv head, or in the packed layout (keys
+    [1, N, D]) the last kv_heads entries, head-major. mask [Hkv, T] bool or None; cos/sin [B, D]
     contiguous. Every tensor must stay alive until the layer call returns."""
-    for name, t in (("keys", keys), ("values", values), ("key slot", key_slot), ("value slot", value_slot)):
-        if t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]:
-            raise ValueError(f"avx2 decode: the {name} must be fp32 entries of contiguous head_dim, "
-                             f"got {t.dtype} strides {t.stride()}")
-    if values.stride() != keys.stride() or value_slot.stride() != key_slot.stride():
-        raise ValueError("avx2 decode: keys and values must share one layout")
-    kv_stride = 0 if keys.shape[0] == 1 and mask is not None and mask.shape[0] > 1 else keys.stride(0)
+    keys, values = kv.keys, kv.values
+    strides = keys.stride()
+    if keys.dtype != torch.float32 or values.dtype != torch.float32 or strides[-1] != 1 \
+            or strides[-2] != keys.shape[-1] or values.stride() != strides:
+        raise ValueError(f"avx2 decode: keys and values must be fp32 entries of contiguous head_dim in one "
+                         f"layout, got {keys.dtype}/{values.dtype} strides {strides}/{values.stride()}")
+    dim, tokens = keys.shape[-1], keys.shape[1]
+    if kv.packed:  # one sequence of every head's entries: the new ones are the last kv_heads
+        kv_stride, slot, slot_stride = 0, tokens - kv.kv_heads, dim
+    else:
+        kv_stride, slot, slot_stride = strides[0], tokens - 1, strides[0]
     mask_pointer, mask_stride = None, 0
     if mask is not None:
         if mask.stride(-1) != 1:
             raise ValueError("avx2 decode: the visibility mask must be contiguous along entries")
         mask_pointer, mask_stride = mask.data_ptr(), mask.stride(0)
-    return _Row(keys.data_ptr(), values.data_ptr(), kv_stride, keys.shape[1], mask_pointer, mask_stride,
-                key_slot.data_ptr(), value_slot.data_ptr(), key_slot.stride(0), cos.data_ptr(), sin.data_ptr())
+    offset = 4 * slot * dim
+    return _Row(keys.data_ptr(), values.data_ptr(), kv_stride, tokens, mask_pointer, mask_stride,
+                keys.data_ptr() + offset, values.data_ptr() + offset, slot_stride,
+                cos.data_ptr() + 4 * b * cos.stride(0), sin.data_ptr() + 4 * b * sin.stride(0))

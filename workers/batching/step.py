@@ -240,14 +240,16 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
                      for freqs in weights.rope_freqs]
     for index, (layer, arguments) in enumerate(zip(weights.layers, weights.arguments)):
         kvs = [cache.layers[index] for cache in caches]
-        slots = [kv.reserve(row_pos[b], hidden.dtype, hidden.dtype) for b, kv in enumerate(kvs)]
-        masks = [visible_entries(kv, p, layer.window) for kv, p in zip(kvs, positions)]
-        if weights.native is not None:
+        if weights.native is not None:  # avx2.c writes the new entries itself
+            for b, kv in enumerate(kvs):
+                if not kv.grow(positions[b], hidden.dtype):
+                    kv.reserve(row_pos[b], hidden.dtype, hidden.dtype)
             cos, sin = rotations[layer.rope]
-            q = weights.native[index](hidden, [avx2.row(kv.keys, kv.values, mask, key_slot, value_slot, cos[b], sin[b])
-                                               for b, (kv, mask, (key_slot, value_slot))
-                                               in enumerate(zip(kvs, masks, slots))])
+            q = weights.native[index](hidden, [avx2.row(kv, visible_entries(kv, positions[b], layer.window), cos, sin, b)
+                                               for b, kv in enumerate(kvs)])
         else:
+            slots = [kv.reserve(row_pos[b], hidden.dtype, hidden.dtype) for b, kv in enumerate(kvs)]
+            masks = [visible_entries(kv, p, layer.window) for kv, p in zip(kvs, positions)]
             q = layer_fn(hidden, rotations[layer.rope], *arguments, heads, kv_heads, head_dim,
                          weights.intermediate, layer.scaling, [kv.keys for kv in kvs], [kv.values for kv in kvs],
                          masks, [slot[0] for slot in slots], [slot[1] for slot in slots])
