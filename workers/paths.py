@@ -1,17 +1,24 @@
 """Where ragkv keeps its files: one cache directory (RAGKV_CACHE_DIR, default ~/.cache/ragkv).
 
 Under it: models/ (the converted default model), blocks/ (the default disk store), calibration/,
-native/ (the decode kernels built on first use, workers/batching/avx2.py).
+native/ (the decode kernels built on first use, workers/batching/avx2.py; see native_dirs).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("RAGKV_CACHE_DIR", Path.home() / ".cache" / "ragkv"))
+
+
+def native_dirs() -> list[Path]:
+    """Where the decode kernels' compiled library is looked for, in order: prebuilt in the environment
+    (`python -m workers.batching.avx2`, as the container images do), then built on first use in the cache."""
+    return [Path(sys.prefix) / "share" / "ragkv" / "native", cache_dir() / "native"]
 
 
 def default_store_url() -> str:

@@ -11,6 +11,7 @@ Batch invariance and the mixed-batch engine runs are the parametrized tests of t
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -117,3 +118,16 @@ def test_a_machine_that_cannot_build_the_kernels_says_why(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout
     assert out.startswith("True |") and "building avx2.c failed" in out
+
+
+def test_a_prebuilt_library_is_used_without_a_compiler(tmp_path):
+    """The container images compile in their build stage and run without a compiler: a library already in
+    a native dir is loaded, never rebuilt."""
+    built = avx2.build(tmp_path / "build")
+    (tmp_path / "cache" / "native").mkdir(parents=True)
+    shutil.copy(built, tmp_path / "cache" / "native" / built.name)
+    code = "from workers.batching import avx2; print(avx2.unavailable())"
+    env = {**os.environ, "CC": "/bin/false", "RAGKV_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert out.strip() == "None"

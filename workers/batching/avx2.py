@@ -12,9 +12,10 @@ RoPE, the cache writes, attention, the MLP). This module holds the Python half:
     matvec(blocks, x [M, K])  -> [M, N] fp32
     NativeLayer / row()       one decoder layer's C arguments (built once) and a row's cache (per step)
 
-The compiled library lives in the cache directory's native/ (workers/paths.py), named by a hash of
-the source and flags, written under a temporary name and renamed, so processes building at once
-never load a half-written file.
+The compiled library is named by a hash of the source and flags and looked for in paths.native_dirs():
+prebuilt in the environment (`python -m workers.batching.avx2`, run by the container images, whose
+runtime has no compiler), else built on first use into the cache directory, under a temporary name
+and renamed, so processes building at once never load a half-written file.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 import torch
 
 from workers.cache import LayerKV
-from workers.paths import cache_dir
+from workers.paths import native_dirs
 
 SOURCE = Path(__file__).with_name("avx2.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
@@ -45,21 +46,16 @@ _reason: list[str] = []  # why library() is None
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels (built once per machine and source), or None: see unavailable()."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+    if not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):
         _reason.append(f"the CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})")
         return None
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        _reason.append("no C compiler (gcc or $CC) to build avx2.c")
-        return None
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    path = cache_dir() / "native" / f"ragkv-avx2-{digest}.so"
+    name = library_name()
+    path = next((d / name for d in native_dirs() if (d / name).exists()), None)
     try:
-        if not path.exists():
-            _build(compiler, path)
+        if path is None:
+            path = build(native_dirs()[-1])
         lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.CalledProcessError) as exc:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         _reason.append(f"building {SOURCE.name} failed: {str(exc).strip()[:300]}")
         return None
     lib.ragkv_matvec.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
@@ -71,19 +67,30 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def _build(compiler: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(suffix=".so", dir=path.parent)
+def library_name() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return f"ragkv-avx2-{digest}.so"
+
+
+def build(directory: Path) -> Path:
+    """Compile avx2.c into `directory` (gcc, or $CC) -> the library's path."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (gcc or $CC)")
+    path = directory / library_name()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(suffix=".so", dir=directory)
     os.close(fd)
     try:
         subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial, "-lm"], check=True, capture_output=True,
                        text=True, timeout=120)
         os.replace(partial, path)
     except subprocess.CalledProcessError as exc:
-        raise subprocess.CalledProcessError(exc.returncode, exc.cmd, stderr=exc.stderr) from None
+        raise RuntimeError(f"{compiler} exited with {exc.returncode}: {(exc.stderr or '').strip()[-300:]}") from None
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
+    return path
 
 
 def unavailable() -> str | None:
@@ -218,3 +225,7 @@ def row(kv: LayerKV, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Te
     return _Row(keys.data_ptr(), values.data_ptr(), kv_stride, tokens, mask_pointer, mask_stride,
                 keys.data_ptr() + offset, values.data_ptr() + offset, slot_stride,
                 cos.data_ptr() + 4 * b * cos.stride(0), sin.data_ptr() + 4 * b * sin.stride(0))
+
+
+if __name__ == "__main__":  # prebuild into the environment (the container images' build stage)
+    print(build(native_dirs()[0]))
