@@ -3,8 +3,10 @@
 A decode step reads every weight once per token, so its speed is the speed of a 4-bit matrix-vector
 product plus what each of the ~35 small ops of a layer costs to dispatch. avx2.c does both the way
 llama.cpp does on this CPU class: integer dot products over the GGUF blocks themselves (Q4_1 and
-Q8_0, activations quantized per 32 to int8) and one call per decoder layer (norms, projections,
-RoPE, the cache writes, attention, the MLP). This module holds the Python half:
+Q8_0; the activations quantized per 32 to two int8 codes, ~15 bits, where llama.cpp keeps 8) and one
+call per decoder layer (norms, projections, RoPE, the cache writes, attention, the MLP). Measured on
+the default model, its logits are within 0.002 of the fp32 step's (int4's: 0.2). This module holds
+the Python half:
 
     library()                 the compiled kernels, or None (and why: `unavailable()`) on a CPU
                               without AVX2/FMA/F16C, without a C compiler, or off x86
@@ -39,7 +41,6 @@ SOURCE = Path(__file__).with_name("avx2.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 GROUP = 32  # weights per block
 Q4_1, Q8_0 = 0, 1  # avx2.c's block formats
-BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
 _reason: list[str] = []  # why library() is None
 
 
@@ -134,7 +135,7 @@ def pack(weight: torch.Tensor, q4_groups, q8_groups) -> Blocks | None:
 
 
 def matvec(blocks: Blocks, x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] -> x @ W.T [M, N] fp32 (activations quantized per 32 to int8)."""
+    """x [M, K] -> x @ W.T [M, N] fp32 (the activations kept to ~15 bits per 32-block, avx2.c)."""
     x = x.float().contiguous()
     out = torch.empty(x.shape[0], blocks.n)
     library().ragkv_matvec(blocks.data.data_ptr(), blocks.format, blocks.n, blocks.k, x.data_ptr(), x.shape[0],
@@ -193,6 +194,8 @@ class NativeLayer:
         """hidden [B, hidden] fp32 (contiguous, updated in place), one row() per b -> queries [B, Hq, D]
         (rotated, unscaled)."""
         s = self.shape
+        if hidden.dtype != torch.float32 or not hidden.is_contiguous():
+            raise ValueError(f"avx2 decode: hidden must be contiguous fp32, got {hidden.dtype}")
         queries = torch.empty(hidden.shape[0], s.heads, s.head_dim)
         array = (_Row * len(rows))(*rows)
         library().ragkv_decode_layer(ctypes.addressof(self.struct), hidden.data_ptr(), ctypes.addressof(array),
