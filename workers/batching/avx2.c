@@ -6,9 +6,9 @@
  * Blocks (32 weights each, the GGUF layouts):
  *     Q4_1   fp16 d, fp16 m, 16 bytes: byte i holds code i (low nibble) and code i + 16 (high);  w = q * d + m
  *     Q8_0   fp16 d, 32 int8 codes;                                                             w = q * d
- * Activations are quantized per 32-block to two int8 codes, x = d (hi + lo / 256) (d = max|x| / 127), so a
- * block's dot product is integer, sum(q_w (256 hi + lo)) in int32, times d_w d / 256 (+ m_w s for Q4_1):
- * the weights exactly, the activations to ~15 bits (llama.cpp's Q8_1 keeps 8).
+ * Activations are quantized per 32-block to 16-bit codes, x = d q (d = max|x| / 32767), so a block's dot
+ * product is integer, sum(q_w q) in int32 (vpmaddwd), times d_w d (+ m_w s for Q4_1, s = d sum(q)): the
+ * weights exactly, the activations to ~16 bits (llama.cpp's Q8_1 keeps 8).
  *
  * Batch invariance: output j of row r is computed by one thread, in one fixed order, from row r alone,
  * whatever the number of rows or threads. */
@@ -23,7 +23,7 @@
 
 typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;  /* 20 bytes */
 typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;        /* 34 bytes */
-typedef struct { float d, s; int8_t hi[QK], lo[QK]; } block_q8_2;  /* an activation block: 72 bytes */
+typedef struct { float d, s; int16_t q[QK]; } block_q16;  /* an activation block: 72 bytes */
 
 enum { Q4_1 = 0, Q8_0 = 1 };
 
@@ -65,11 +65,9 @@ static inline __m256 exp8(__m256 x) {
 
 /* ---- activations -------------------------------------------------------------------------------- */
 
-/* x [k] -> k / 32 activation blocks: x = d (hi + lo / 256) to ~1/64000 of the block's largest value
- * (hi = round(x / d), lo = round of the remainder in 256ths of d), s = d * sum(hi + lo / 256) */
-static void quantize_row(const float *x, block_q8_2 *y, int k) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+/* x [k] -> k / 32 activation blocks: q = round(x / d), d = max|x| / 32767, s = d * sum(q) */
+static void quantize_row(const float *x, block_q16 *y, int k) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     for (int i = 0; i < k / QK; i++) {
         __m256 v[4];
@@ -78,22 +76,21 @@ static void quantize_row(const float *x, block_q8_2 *y, int k) {
             v[j] = _mm256_loadu_ps(x + i * QK + 8 * j);
             amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
         }
-        float d = hmax(amax) / 127.0f;
-        __m256 id = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f), step = _mm256_set1_ps(d);
-        __m256i hi[4], lo[4];
+        float d = hmax(amax) / 32767.0f;
+        __m256 id = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+        __m256i q[4];
         __m256 total = _mm256_setzero_ps();
         for (int j = 0; j < 4; j++) {
-            __m256 h = _mm256_round_ps(_mm256_mul_ps(v[j], id), round);
-            __m256 rest = _mm256_mul_ps(_mm256_fnmadd_ps(h, step, v[j]), _mm256_mul_ps(id, _mm256_set1_ps(256.0f)));
-            __m256 l = _mm256_max_ps(_mm256_min_ps(_mm256_round_ps(rest, round), top), bottom);
-            total = _mm256_add_ps(total, _mm256_fmadd_ps(l, _mm256_set1_ps(1.0f / 256.0f), h));
-            hi[j] = _mm256_cvtps_epi32(h);
-            lo[j] = _mm256_cvtps_epi32(l);
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[j], id), round);
+            r = _mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(32767.0f)), _mm256_set1_ps(-32767.0f));
+            total = _mm256_add_ps(total, r);
+            q[j] = _mm256_cvtps_epi32(r);
         }
-        __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3]));
-        _mm256_storeu_si256((__m256i *)y[i].hi, _mm256_permutevar8x32_epi32(packed, order));
-        packed = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
-        _mm256_storeu_si256((__m256i *)y[i].lo, _mm256_permutevar8x32_epi32(packed, order));
+        /* packs works per 128-bit lane: (0-3, 8-11, 4-7, 12-15) -> restore the order */
+        __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+        __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+        _mm256_storeu_si256((__m256i *)y[i].q, lo);
+        _mm256_storeu_si256((__m256i *)(y[i].q + 16), hi);
         y[i].d = d;
         y[i].s = d * hsum(total);
     }
@@ -101,57 +98,83 @@ static void quantize_row(const float *x, block_q8_2 *y, int k) {
 
 /* ---- matrix-vector products ---------------------------------------------------------------------- */
 
-/* 32 u8 x s8 codes (hi and lo) -> 8 int32 partial sums of u (256 hi + lo), in fp32 */
-static inline __m256 dot_u8(__m256i u, __m256i hi, __m256i lo) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i h = _mm256_madd_epi16(_mm256_maddubs_epi16(u, hi), ones);
-    __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, lo), ones);
-    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(h, 8), l));
+/* 32 int16 weights (two halves) x a block's 16-bit codes -> 8 int32 partial sums, in fp32 (exact: < 2^24) */
+static inline __m256 dot_i16(__m256i w0, __m256i w1, const int16_t *q) {
+    __m256i a = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)q));
+    __m256i b = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(q + 16)));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(a, b));
 }
 
-static float dot_q4_1(const block_q4_1 *w, const block_q8_2 *x, int blocks) {
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
+/* Row tiles: up to TILE activation rows against one weight row, each block's codes unpacked once for the
+ * tile. Every row's arithmetic is the same sequence whatever the tile (R is a constant the compiler
+ * unrolls), so a row's result has the same bits alone as in a batch. x: the tile's first row, `stride`
+ * blocks apart; out: its first output, `out_stride` floats apart. */
+#define TILE 4
+
+static inline __attribute__((always_inline)) void tile_q4_1(
+        const block_q4_1 *w, const block_q16 *x, size_t stride, int blocks, float *out, size_t out_stride,
+        const int R) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    __m256 acc[TILE];
+    float mins[TILE];
+    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.0f; }
     for (int i = 0; i < blocks; i++) {
         __m128i bytes = _mm_loadu_si128((const __m128i *)w[i].qs);
-        __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), low);
-        __m256 p = dot_u8(q, _mm256_loadu_si256((const __m256i *)x[i].hi), _mm256_loadu_si256((const __m256i *)x[i].lo));
-        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
-        mins += h2f(w[i].m) * x[i].s;
+        __m256i w0 = _mm256_cvtepu8_epi16(_mm_and_si128(bytes, low));                     /* codes 0..15 */
+        __m256i w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(bytes, 4), low));  /* codes 16..31 */
+        const float d = h2f(w[i].d), m = h2f(w[i].m);
+        for (int r = 0; r < R; r++) {
+            const block_q16 *b = x + r * stride + i;
+            acc[r] = _mm256_fmadd_ps(dot_i16(w0, w1, b->q), _mm256_set1_ps(d * b->d), acc[r]);
+            mins[r] += m * b->s;
+        }
     }
-    return hsum(acc) * (1.0f / 256.0f) + mins;
+    for (int r = 0; r < R; r++) out[r * out_stride] = hsum(acc[r]) + mins[r];
 }
 
-static float dot_q8_0(const block_q8_0 *w, const block_q8_2 *x, int blocks) {
-    __m256 acc = _mm256_setzero_ps();
+static inline __attribute__((always_inline)) void tile_q8_0(
+        const block_q8_0 *w, const block_q16 *x, size_t stride, int blocks, float *out, size_t out_stride,
+        const int R) {
+    __m256 acc[TILE];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < blocks; i++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)w[i].qs);
-        __m256i hi = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[i].hi), q);
-        __m256i lo = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[i].lo), q);
-        __m256 p = dot_u8(_mm256_sign_epi8(q, q), hi, lo);
-        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(h2f(w[i].d) * x[i].d), acc);
+        __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].qs));
+        __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w[i].qs + 16)));
+        const float d = h2f(w[i].d);
+        for (int r = 0; r < R; r++) {
+            const block_q16 *b = x + r * stride + i;
+            acc[r] = _mm256_fmadd_ps(dot_i16(w0, w1, b->q), _mm256_set1_ps(d * b->d), acc[r]);
+        }
     }
-    return hsum(acc) * (1.0f / 256.0f);
+    for (int r = 0; r < R; r++) out[r * out_stride] = hsum(acc[r]);
+}
+
+static void tile(const void *w, int format, const block_q16 *x, size_t stride, int blocks, float *out,
+                 size_t out_stride, int rows) {
+#define TILE_CASE(R) case R: \
+    if (format == Q4_1) tile_q4_1((const block_q4_1 *)w, x, stride, blocks, out, out_stride, R); \
+    else tile_q8_0((const block_q8_0 *)w, x, stride, blocks, out, out_stride, R); \
+    break;
+    switch (rows) { TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) }
+#undef TILE_CASE
 }
 
 /* out[r * n + j] = W[j] . x[r] for r < rows: W [n, k] in `format` blocks, xq [rows, k / 32] */
-static void matvec_q(const void *w, int format, int n, int k, const block_q8_2 *xq, int rows, float *out) {
+static void matvec_q(const void *w, int format, int n, int k, const block_q16 *xq, int rows, float *out) {
     const int blocks = k / QK;
+    const size_t bytes = format == Q4_1 ? sizeof(block_q4_1) : sizeof(block_q8_0);
     #pragma omp parallel for schedule(static)
     for (int j = 0; j < n; j++) {
-        for (int r = 0; r < rows; r++) {
-            const block_q8_2 *x = xq + (size_t)r * blocks;
-            out[(size_t)r * n + j] = format == Q4_1
-                ? dot_q4_1((const block_q4_1 *)w + (size_t)j * blocks, x, blocks)
-                : dot_q8_0((const block_q8_0 *)w + (size_t)j * blocks, x, blocks);
-        }
+        const char *wj = (const char *)w + (size_t)j * blocks * bytes;
+        for (int r = 0; r < rows; r += TILE)
+            tile(wj, format, xq + (size_t)r * blocks, blocks, blocks, out + (size_t)r * n + j, n,
+                 rows - r < TILE ? rows - r : TILE);
     }
 }
 
 /* x [rows, k] fp32 -> out [rows, n] fp32 */
 void ragkv_matvec(const void *w, int format, int n, int k, const float *x, int rows, float *out) {
-    block_q8_2 *xq = malloc(sizeof(block_q8_2) * (size_t)rows * (k / QK));
+    block_q16 *xq = malloc(sizeof(block_q16) * (size_t)rows * (k / QK));
     for (int r = 0; r < rows; r++) quantize_row(x + (size_t)r * k, xq + (size_t)r * (k / QK), k);
     matvec_q(w, format, n, k, xq, rows, out);
     free(xq);
@@ -353,7 +376,7 @@ void ragkv_decode_layer(const Layer *L, float *hidden, const Row *rows, int coun
     float *attn = malloc(sizeof(float) * (size_t)count * heads * D);
     float *out = malloc(sizeof(float) * (size_t)count * (H > 2 * I ? H : 2 * I));
     float *acted = malloc(sizeof(float) * (size_t)count * I);
-    block_q8_2 *xq = malloc(sizeof(block_q8_2) * (size_t)count * (widest > heads * D ? widest : heads * D) / QK);
+    block_q16 *xq = malloc(sizeof(block_q16) * (size_t)count * (widest > heads * D ? widest : heads * D) / QK);
 
     for (int r = 0; r < count; r++) {
         rms_norm(hidden + (size_t)r * H, L->input_norm, L->eps, H, normed + (size_t)r * H);
