@@ -324,3 +324,19 @@ def test_all_model_work_runs_on_the_scheduler_thread(runner, tmp_path):
         assert engine.stats().batch.steps >= 1  # the compute was a task of the scheduler's loop
     finally:
         engine.close()
+
+
+def test_grow_adds_one_decode_token_in_place_or_declines():
+    """LayerKV.grow, the avx2 step's fast path: in place with the same buffer; False, with nothing changed,
+    where only reserve can add the token (no room of its own yet, a head mask, another dtype)."""
+    layer = LayerKV(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), torch.arange(3))
+    assert not layer.grow(3, torch.float32) and layer.num_tokens == 3  # over tensors it did not allocate
+    layer.append(torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([3]))
+    buffer = layer.keys.data_ptr()
+    assert layer.grow(10, torch.float32)
+    assert layer.keys.data_ptr() == buffer and layer.num_tokens == 5 and layer.positions.tolist() == [0, 1, 2, 3, 10]
+    assert layer.values.shape == (2, 5, 4)
+    assert not layer.grow(11, torch.float64) and layer.num_tokens == 5  # another dtype: reserve promotes
+    masked = LayerKV(layer.keys.clone(), layer.values.clone(), layer.positions.clone(), torch.ones(2, 5, dtype=torch.bool))
+    masked.append(torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([11]))
+    assert not masked.grow(12, torch.float32) and masked.num_tokens == 6  # the head mask must grow too
