@@ -16,7 +16,7 @@ greedy tokens would depend on who it was batched with:
            (Q4_K_M): only its Q8_0 embedding (the tied lm_head) packs; q, k, gate and up are Q5_0
            (5-bit codes), o Q4_K (6-bit sub-block scales), down Q6_K: those run in fp32.
     avx2   the same GGUF blocks (Q4_1, and Q8_0 for the embedding) kept as they are and multiplied by
-           avx2.c's integer dot products (activations quantized per 32 to int8, as llama.cpp does).
+           avx2.c's integer dot products (activations as 16-bit codes per 32; llama.cpp keeps 8 bits).
            Its matrices run inside avx2.c's whole-layer call (step.py), never in the scripted layer;
            a model avx2.c cannot serve, or a machine that cannot build it, decodes with int4 instead.
 

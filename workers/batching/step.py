@@ -17,10 +17,9 @@ and `DecodeWeights.note` says why.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Sequence
-
-import logging
 
 import torch
 
@@ -153,8 +152,7 @@ def native_refusal(runner) -> str | None:
         return reason
     if runner.device.type != "cpu" or runner.dtype != torch.float32:
         return f"the model is {runner.dtype} on {runner.device.type}, not fp32 on the CPU"
-    config, shape = runner.model.config, runner.shape
-    if runner.sandwich_norms or any(w is not None for w in runner.windows) or mlp_activation(config) != SILU:
+    if runner.sandwich_norms or any(w is not None for w in runner.windows) or mlp_activation(runner.model.config) != SILU:
         return "the layers are not the plain Llama form (sandwich norms, sliding windows or another activation)"
     attn = runner.layers[0].self_attn
     if attn.q_proj.bias is not None or getattr(attn, "q_norm", None) is not None:
@@ -240,13 +238,9 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
                      for freqs in weights.rope_freqs]
     for index, (layer, arguments) in enumerate(zip(weights.layers, weights.arguments)):
         kvs = [cache.layers[index] for cache in caches]
-        if weights.native is not None:  # avx2.c writes the new entries itself
-            for b, kv in enumerate(kvs):
-                if not kv.grow(positions[b], hidden.dtype):
-                    kv.reserve(row_pos[b], hidden.dtype, hidden.dtype)
-            cos, sin = rotations[layer.rope]
-            q = weights.native[index](hidden, [avx2.row(kv, visible_entries(kv, positions[b], layer.window), cos, sin, b)
-                                               for b, kv in enumerate(kvs)])
+        if weights.native is not None:
+            q = native_layer_step(weights.native[index], hidden, kvs, positions, row_pos, layer.window,
+                                  rotations[layer.rope])
         else:
             slots = [kv.reserve(row_pos[b], hidden.dtype, hidden.dtype) for b, kv in enumerate(kvs)]
             masks = [visible_entries(kv, p, layer.window) for kv, p in zip(kvs, positions)]
@@ -257,6 +251,18 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
             if observer is not None:
                 observer(index, q[b][:, None], row_pos[b], kvs[b])
     return weights.lm_head(weights.final_norm(hidden)).float()
+
+
+def native_layer_step(native: avx2.NativeLayer, hidden: torch.Tensor, kvs: list[LayerKV], positions: list[int],
+                      row_pos: list[torch.Tensor], window: int | None, rotation: tuple) -> torch.Tensor:
+    """One layer through avx2.c -> queries [B, Hq, D]. Each row's cache grows by its token (in place where it
+    can, LayerKV.grow) and avx2.c writes the new entries. rotation: cos, sin [B, D]."""
+    cos, sin = rotation
+    for b, kv in enumerate(kvs):
+        if not kv.grow(positions[b], hidden.dtype):
+            kv.reserve(row_pos[b], hidden.dtype, hidden.dtype)
+    return native(hidden, [avx2.row(kv, visible_entries(kv, positions[b], window), cos, sin, b)
+                           for b, kv in enumerate(kvs)])
 
 
 def visible_entries(kv: LayerKV, position: int, window: int | None) -> torch.Tensor | None:
