@@ -57,13 +57,22 @@ def _clone(cache: KVCache) -> KVCache:
 
 def test_blocks_hold_the_gguf_weights_exactly(runner):
     attn = runner.layers[0].self_attn
-    q4 = avx2.pack(attn.q_proj.weight.detach(), q4_groups, q8_groups)
-    q8 = avx2.pack(runner.model.lm_head.weight.detach(), q4_groups, q8_groups)  # the Q8_0 embedding
+    q4 = avx2.pack(attn.q_proj.weight.detach())
+    q8 = avx2.pack(runner.model.lm_head.weight.detach())  # the Q8_0 embedding
     assert (q4.format, q8.format) == (avx2.Q4_1, avx2.Q8_0)
     assert q4.data.shape[-1] == 20 and q8.data.shape[-1] == 34  # the GGUF block sizes
     assert torch.equal(_blocks_to_matrix(q4), attn.q_proj.weight.detach())
     assert torch.equal(_blocks_to_matrix(q8), runner.model.lm_head.weight.detach())
-    assert avx2.pack(torch.randn(8, 64), q4_groups, q8_groups) is None  # not GGUF blocks: refused
+    assert avx2.pack(torch.randn(8, 64)) is None  # not GGUF blocks: refused
+    # the same groups linear.q4_groups / q8_groups find (torch's arithmetic), code for code
+    codes, d, m = q4_groups(attn.q_proj.weight.detach())
+    nibbles = q4.data[..., 4:].to(torch.int32)
+    assert torch.equal(torch.cat([nibbles & 15, nibbles >> 4], -1).reshape(codes.shape), codes)
+    codes8, d8 = q8_groups(runner.model.lm_head.weight.detach())
+    assert torch.equal(q8.data[..., 2:].contiguous().view(torch.int8).reshape(codes8.shape).to(torch.int32), codes8)
+    off = attn.q_proj.weight.detach().clone()
+    off[100, 7] += 1e-3  # one weight off its block's grid, past the probed rows
+    assert avx2.pack(off) is None
 
 
 @pytest.mark.parametrize("which", ["gate_up", "down", "lm_head"])

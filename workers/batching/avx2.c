@@ -415,3 +415,67 @@ void ragkv_decode_layer(const Layer *L, float *hidden, const Row *rows, int coun
 
     free(normed); free(qkv); free(scaled); free(attn); free(out); free(acted); free(xq);
 }
+
+/* ---- packing: a fp32 matrix back into the GGUF blocks it was read from -----------------------------
+ * A group of 32 is taken only when it is exactly such a block (checked per weight in fp32, the same
+ * arithmetic as linear.q4_groups / q8_groups); returns 1 when every group of every row is, else 0. */
+
+static uint16_t f2h(float x) { return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
+
+static int pack_q4_1_row(const float *w, int k, block_q4_1 *out) {
+    for (int i = 0; i < k / QK; i++) {
+        const float *g = w + i * QK;
+        float low = g[0], high = g[0];
+        for (int j = 1; j < QK; j++) { low = g[j] < low ? g[j] : low; high = g[j] > high ? g[j] : high; }
+        const float d = h2f(f2h((high - low) / 15.0f));
+        if (h2f(f2h(low)) != low) return 0;  /* GGUF keeps m in fp16 */
+        const float step = d > 0.0f ? d : 1.0f;
+        uint8_t codes[QK];
+        for (int j = 0; j < QK; j++) {
+            float q = nearbyintf((g[j] - low) / step);
+            q = q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q);
+            if (q * d + low != g[j]) return 0;
+            codes[j] = (uint8_t)q;
+        }
+        out[i].d = f2h(d);
+        out[i].m = f2h(low);
+        for (int j = 0; j < QK / 2; j++) out[i].qs[j] = codes[j] | (uint8_t)(codes[j + QK / 2] << 4);
+    }
+    return 1;
+}
+
+static int pack_q8_0_row(const float *w, int k, block_q8_0 *out) {
+    for (int i = 0; i < k / QK; i++) {
+        const float *g = w + i * QK;
+        float top = 0.0f;
+        for (int j = 0; j < QK; j++) { float a = g[j] < 0.0f ? -g[j] : g[j]; top = a > top ? a : top; }
+        const float d = h2f(f2h(top / 127.0f));
+        const float step = d > 0.0f ? d : 1.0f;
+        for (int j = 0; j < QK; j++) {
+            float q = nearbyintf(g[j] / step);
+            q = q < -127.0f ? -127.0f : (q > 127.0f ? 127.0f : q);
+            if (q * d != g[j]) return 0;
+            out[i].qs[j] = (int8_t)q;
+        }
+        out[i].d = f2h(d);
+    }
+    return 1;
+}
+
+#define PROBE_ROWS 64  /* rows tried first: a matrix of another format fails fast */
+
+/* w [n, k] fp32 -> out: n * k / 32 blocks of `format`; 1 when exact, else 0 (out partly written) */
+int ragkv_pack(const float *w, int format, int n, int k, void *out) {
+    const size_t blocks = (size_t)k / QK, bytes = format == Q4_1 ? sizeof(block_q4_1) : sizeof(block_q8_0);
+    int ok = 1;
+    for (int j = 0; j < n && j < PROBE_ROWS && ok; j++)
+        ok = format == Q4_1 ? pack_q4_1_row(w + (size_t)j * k, k, (block_q4_1 *)((char *)out + j * blocks * bytes))
+                            : pack_q8_0_row(w + (size_t)j * k, k, (block_q8_0 *)((char *)out + j * blocks * bytes));
+    if (!ok) return 0;
+    #pragma omp parallel for schedule(static) reduction(&&:ok)
+    for (int j = PROBE_ROWS; j < n; j++)
+        ok = ok && (format == Q4_1
+            ? pack_q4_1_row(w + (size_t)j * k, k, (block_q4_1 *)((char *)out + j * blocks * bytes))
+            : pack_q8_0_row(w + (size_t)j * k, k, (block_q8_0 *)((char *)out + j * blocks * bytes)));
+    return ok;
+}

@@ -65,6 +65,8 @@ def library() -> ctypes.CDLL | None:
     lib.ragkv_decode_layer.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                        ctypes.c_void_p]
     lib.ragkv_decode_layer.restype = None
+    lib.ragkv_pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.ragkv_pack.restype = ctypes.c_int
     return lib
 
 
@@ -110,28 +112,19 @@ class Blocks:
     k: int
 
 
-def _half_bytes(x: torch.Tensor) -> torch.Tensor:
-    """[n, b] fp32 values exact in fp16 -> [n, b, 2] their fp16 bytes."""
-    return x.half().contiguous().view(torch.uint8).reshape(*x.shape, 2)
-
-
-def pack(weight: torch.Tensor, q4_groups, q8_groups) -> Blocks | None:
-    """weight [N, K] (fp32, CPU) as its exact Q4_1 blocks, else Q8_0 blocks, else None. q4_groups/q8_groups
-    recover the codes (linear.py): a block is used only when it rebuilds the matrix exactly."""
+def pack(weight: torch.Tensor) -> Blocks | None:
+    """weight [N, K] (fp32, CPU) as its exact Q4_1 blocks, else Q8_0 blocks, else None: a group of 32 is
+    taken only when it rebuilds its weights exactly (avx2.c's ragkv_pack, the arithmetic of
+    linear.q4_groups / q8_groups), so a matrix of another format is refused."""
     n, k = weight.shape
-    q4 = q4_groups(weight)
-    if q4 is not None:
-        codes, d, m = q4
-        if torch.equal(m.half().float(), m):  # GGUF keeps m in fp16; a min that is not is another format
-            nibbles = codes.reshape(n, k // GROUP, GROUP).to(torch.uint8)
-            packed = nibbles[..., :GROUP // 2] | (nibbles[..., GROUP // 2:] << 4)  # code i | code i + 16 << 4
-            return Blocks(torch.cat([_half_bytes(d), _half_bytes(m), packed], -1).contiguous(), Q4_1, n, k)
-    q8 = q8_groups(weight)
-    if q8 is None:
+    if k % GROUP:
         return None
-    codes, d = q8
-    signed = codes.to(torch.int8).view(torch.uint8).reshape(n, k // GROUP, GROUP)
-    return Blocks(torch.cat([_half_bytes(d), signed], -1).contiguous(), Q8_0, n, k)
+    weight = weight.detach().float().contiguous()
+    for fmt, size in ((Q4_1, 20), (Q8_0, 34)):
+        data = torch.empty(n, k // GROUP, size, dtype=torch.uint8)
+        if library().ragkv_pack(weight.data_ptr(), fmt, n, k, data.data_ptr()):
+            return Blocks(data, fmt, n, k)
+    return None
 
 
 def matvec(blocks: Blocks, x: torch.Tensor) -> torch.Tensor:

@@ -212,5 +212,5 @@ class Avx2Linear(DecodeLinear):
 def avx2_kernel(weight: torch.Tensor, pad_rows: int) -> DecodeLinear:
     if weight.device.type != "cpu" or avx2.library() is None:
         return int4_kernel(weight, pad_rows)
-    blocks = avx2.pack(weight.detach().float(), q4_groups, q8_groups)
+    blocks = avx2.pack(weight)
     return Avx2Linear(blocks) if blocks is not None else int4_kernel(weight, pad_rows)
