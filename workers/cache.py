@@ -75,8 +75,8 @@ class LayerKV:
     def grow(self, position: int, dtype: torch.dtype) -> bool:
         """Add one token at `position` in place, its keys/values (`dtype`) left for the caller to write at
         entry num_tokens - 1, when the layer can: a shared layout (no head mask), its own buffers of
-        `dtype` behind its views, room for one more. Three views and one write, the fewest ops a decode step can pay per
-        layer. False, with nothing changed, otherwise: use reserve."""
+        `dtype` behind its views, room for one more. Three views and one write, the fewest ops a decode
+        step can pay per layer. False, with nothing changed, otherwise: use reserve."""
         room = self._room
         if (self.head_mask is not None or room is None or room.views[0] is not self.keys
                 or room.views[1] is not self.values or room.views[2] is not self.positions

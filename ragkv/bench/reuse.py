@@ -75,11 +75,11 @@ def zipf(tree_engine, plain_engine, count_tokens, count: int, chunk_tokens: int 
     rows, idle = {mode: Row() for mode in MODES}, []
     for request in tqdm(requests, desc="zipf-popular chunks", disable=not progress):
         ask = dict(question=request.question, chunks=request.chunks, max_new_tokens=max_new_tokens)
-        blend = dict(**ask, recompute_ratio=recompute_ratio)  # None: the engine's setting
+        blend = dict(recompute_ratio=recompute_ratio)  # None: the engine's setting
         full = tree_engine.generate(GenerateRequest(**ask, mode="full", namespace="bench-full"))
         rows["full"].add(full, request.answer, full.token_ids)
-        rows["blend"].add(plain_engine.generate(GenerateRequest(**blend)), request.answer, full.token_ids)
-        rows["tree+blend"].add(tree_engine.generate(GenerateRequest(**blend)), request.answer, full.token_ids)
+        rows["blend"].add(plain_engine.generate(GenerateRequest(**ask, **blend)), request.answer, full.token_ids)
+        rows["tree+blend"].add(tree_engine.generate(GenerateRequest(**ask, **blend)), request.answer, full.token_ids)
         idle.append(tree_engine.scheduler.wait_idle(IDLE_TIMEOUT_S))
     overlap = leading_overlap(requests)
     return {"workload": "zipf", "leading_overlap_mean": statistics.mean(overlap), **_summary(rows, len(requests), idle)}

@@ -96,6 +96,11 @@ static void quantize_row(const float *x, block_q16 *y, int k) {
     }
 }
 
+/* x [rows, k] -> xq [rows, k / 32] */
+static void quantize_rows(const float *x, int rows, int k, block_q16 *xq) {
+    for (int r = 0; r < rows; r++) quantize_row(x + (size_t)r * k, xq + (size_t)r * (k / QK), k);
+}
+
 /* ---- matrix-vector products ---------------------------------------------------------------------- */
 
 /* 32 int16 weights (two halves) x a block's 16-bit codes -> 8 int32 partial sums, in fp32 (exact: < 2^24) */
@@ -175,7 +180,7 @@ static void matvec_q(const void *w, int format, int n, int k, const block_q16 *x
 /* x [rows, k] fp32 -> out [rows, n] fp32 */
 void ragkv_matvec(const void *w, int format, int n, int k, const float *x, int rows, float *out) {
     block_q16 *xq = malloc(sizeof(block_q16) * (size_t)rows * (k / QK));
-    for (int r = 0; r < rows; r++) quantize_row(x + (size_t)r * k, xq + (size_t)r * (k / QK), k);
+    quantize_rows(x, rows, k, xq);
     matvec_q(w, format, n, k, xq, rows, out);
     free(xq);
 }
@@ -369,19 +374,19 @@ static void silu_mul(const float *gate, const float *up, int n, float *out) {
  * (unscaled) queries. Same arithmetic order as workers/batching/layer.py's Llama form. */
 void ragkv_decode_layer(const Layer *L, float *hidden, const Row *rows, int count, float *queries) {
     const int H = L->hidden, heads = L->heads, kvh = L->kv_heads, D = L->head_dim, I = L->intermediate;
-    const int width = (heads + 2 * kvh) * D, widest = (H > I ? H : I);
+    const int width = (heads + 2 * kvh) * D, inputs = H > I ? (H > heads * D ? H : heads * D)
+                                                            : (I > heads * D ? I : heads * D);  /* widest input */
     float *normed = malloc(sizeof(float) * (size_t)count * H);
     float *qkv = malloc(sizeof(float) * (size_t)count * width);
     float *scaled = malloc(sizeof(float) * (size_t)count * heads * D);
     float *attn = malloc(sizeof(float) * (size_t)count * heads * D);
     float *out = malloc(sizeof(float) * (size_t)count * (H > 2 * I ? H : 2 * I));
     float *acted = malloc(sizeof(float) * (size_t)count * I);
-    block_q16 *xq = malloc(sizeof(block_q16) * (size_t)count * (widest > heads * D ? widest : heads * D) / QK);
+    block_q16 *xq = malloc(sizeof(block_q16) * (size_t)count * (inputs / QK));
 
-    for (int r = 0; r < count; r++) {
+    for (int r = 0; r < count; r++)
         rms_norm(hidden + (size_t)r * H, L->input_norm, L->eps, H, normed + (size_t)r * H);
-        quantize_row(normed + (size_t)r * H, xq + (size_t)r * (H / QK), H);
-    }
+    quantize_rows(normed, count, H, xq);
     matvec_q(L->mats[0], L->formats[0], width, H, xq, count, qkv);
     for (int r = 0; r < count; r++) {
         const Row *row = rows + r;
@@ -395,21 +400,19 @@ void ragkv_decode_layer(const Layer *L, float *hidden, const Row *rows, int coun
         for (int i = 0; i < heads * D; i++) scaled[(size_t)r * heads * D + i] = q[i] * L->scaling;
     }
     attend(L, scaled, rows, count, attn);
-    for (int r = 0; r < count; r++)
-        quantize_row(attn + (size_t)r * heads * D, xq + (size_t)r * (heads * D / QK), heads * D);
+    quantize_rows(attn, count, heads * D, xq);
     matvec_q(L->mats[1], L->formats[1], H, heads * D, xq, count, out);
     for (size_t i = 0; i < (size_t)count * H; i++) hidden[i] += out[i];
 
-    for (int r = 0; r < count; r++) {
+    for (int r = 0; r < count; r++)
         rms_norm(hidden + (size_t)r * H, L->post_norm, L->eps, H, normed + (size_t)r * H);
-        quantize_row(normed + (size_t)r * H, xq + (size_t)r * (H / QK), H);
-    }
+    quantize_rows(normed, count, H, xq);
     matvec_q(L->mats[2], L->formats[2], 2 * I, H, xq, count, out);
     for (int r = 0; r < count; r++) {
         const float *gate = out + (size_t)r * 2 * I, *up = gate + I;
         silu_mul(gate, up, I, acted + (size_t)r * I);
-        quantize_row(acted + (size_t)r * I, xq + (size_t)r * (I / QK), I);
     }
+    quantize_rows(acted, count, I, xq);
     matvec_q(L->mats[3], L->formats[3], H, I, xq, count, out);
     for (size_t i = 0; i < (size_t)count * H; i++) hidden[i] += out[i];
 
@@ -464,18 +467,19 @@ static int pack_q8_0_row(const float *w, int k, block_q8_0 *out) {
 
 #define PROBE_ROWS 64  /* rows tried first: a matrix of another format fails fast */
 
+static int pack_row(const float *w, int format, int k, void *out) {
+    return format == Q4_1 ? pack_q4_1_row(w, k, (block_q4_1 *)out) : pack_q8_0_row(w, k, (block_q8_0 *)out);
+}
+
 /* w [n, k] fp32 -> out: n * k / 32 blocks of `format`; 1 when exact, else 0 (out partly written) */
 int ragkv_pack(const float *w, int format, int n, int k, void *out) {
-    const size_t blocks = (size_t)k / QK, bytes = format == Q4_1 ? sizeof(block_q4_1) : sizeof(block_q8_0);
+    const size_t row_bytes = (size_t)k / QK * (format == Q4_1 ? sizeof(block_q4_1) : sizeof(block_q8_0));
     int ok = 1;
     for (int j = 0; j < n && j < PROBE_ROWS && ok; j++)
-        ok = format == Q4_1 ? pack_q4_1_row(w + (size_t)j * k, k, (block_q4_1 *)((char *)out + j * blocks * bytes))
-                            : pack_q8_0_row(w + (size_t)j * k, k, (block_q8_0 *)((char *)out + j * blocks * bytes));
+        ok = pack_row(w + (size_t)j * k, format, k, (char *)out + j * row_bytes);
     if (!ok) return 0;
     #pragma omp parallel for schedule(static) reduction(&&:ok)
     for (int j = PROBE_ROWS; j < n; j++)
-        ok = ok && (format == Q4_1
-            ? pack_q4_1_row(w + (size_t)j * k, k, (block_q4_1 *)((char *)out + j * blocks * bytes))
-            : pack_q8_0_row(w + (size_t)j * k, k, (block_q8_0 *)((char *)out + j * blocks * bytes)));
+        ok = ok && pack_row(w + (size_t)j * k, format, k, (char *)out + j * row_bytes);
     return ok;
 }

@@ -41,15 +41,13 @@ SOURCE = Path(__file__).with_name("avx2.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 GROUP = 32  # weights per block
 Q4_1, Q8_0 = 0, 1  # avx2.c's block formats
-_reason: list[str] = []  # why library() is None
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
-    """The compiled kernels (built once per machine and source), or None: see unavailable()."""
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    """(the compiled kernels, None), or (None, why not): built once per machine and source."""
     if not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):
-        _reason.append(f"the CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})")
-        return None
+        return None, f"the CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
     name = library_name()
     path = next((d / name for d in native_dirs() if (d / name).exists()), None)
     try:
@@ -57,8 +55,7 @@ def library() -> ctypes.CDLL | None:
             path = build(native_dirs()[-1])
         lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        _reason.append(f"building {SOURCE.name} failed: {str(exc).strip()[:300]}")
-        return None
+        return None, f"building {SOURCE.name} failed: {str(exc).strip()[:300]}"
     lib.ragkv_matvec.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                  ctypes.c_int, ctypes.c_void_p]
     lib.ragkv_matvec.restype = None
@@ -67,7 +64,17 @@ def library() -> ctypes.CDLL | None:
     lib.ragkv_decode_layer.restype = None
     lib.ragkv_pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     lib.ragkv_pack.restype = ctypes.c_int
-    return lib
+    return lib, None
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None: see unavailable()."""
+    return _load()[0]
+
+
+def unavailable() -> str | None:
+    """Why the kernels cannot run here, or None when they can."""
+    return _load()[1]
 
 
 def library_name() -> str:
@@ -94,11 +101,6 @@ def build(directory: Path) -> Path:
         if os.path.exists(partial):
             os.unlink(partial)
     return path
-
-
-def unavailable() -> str | None:
-    """Why the kernels cannot run here, or None when they can."""
-    return None if library() is not None else "; ".join(_reason) or "unavailable"
 
 
 # -- blocks ------------------------------------------------------------------------------------------

@@ -93,9 +93,14 @@ class DecodeLayer:
         if len({norm.eps for norm in norms}) > 1 or (self.qk_norms and self.qk_norms[0].eps != self.qk_norms[1].eps):
             raise ValueError("decode step: a layer's norms have different epsilons")
 
+    @property
+    def linears(self) -> tuple[DecodeLinear, DecodeLinear, DecodeLinear, DecodeLinear]:
+        """qkv, o, gate_up, down: decode_layer's (and avx2.c's) order."""
+        return self.qkv, self.o, self.gate_up, self.down
+
     def arguments(self) -> tuple:
         """decode_layer's weight arguments, in its order (built once)."""
-        linears = (self.qkv, self.o, self.gate_up, self.down)
+        linears = self.linears
         pad_rows = max(lin.pad_rows for lin in linears)
         ffn_norms = [norm.weight for norm in self.ffn_norms] if self.ffn_norms else None
         qk_norms = [norm.weight for norm in self.qk_norms] if self.qk_norms else []
@@ -124,7 +129,7 @@ class DecodeWeights:
     def kernels_used(self) -> dict[str, int]:
         """How many matrices each kernel serves (a matrix that does not pack exactly falls back to fp32)."""
         counts: dict[str, int] = {}
-        for lin in [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]:
+        for lin in [self.lm_head] + [m for layer in self.layers for m in layer.linears]:
             counts[lin.kernel] = counts.get(lin.kernel, 0) + 1
         return counts
 
@@ -134,8 +139,7 @@ def build_decode_weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
     refusal = native_refusal(runner) if kernel == "avx2" else None
     weights = _weights(runner, "int4" if refusal else kernel, pad_rows)
     if kernel == "avx2" and not refusal:
-        linears = [m for layer in weights.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        if all(isinstance(m, Avx2Linear) for m in linears):
+        if all(isinstance(m, Avx2Linear) for layer in weights.layers for m in layer.linears):
             weights.native = [native_layer(runner, layer) for layer in weights.layers]
             return weights
         refusal = "a layer matrix is not exact Q4_1 or Q8_0 blocks"
@@ -152,7 +156,8 @@ def native_refusal(runner) -> str | None:
         return reason
     if runner.device.type != "cpu" or runner.dtype != torch.float32:
         return f"the model is {runner.dtype} on {runner.device.type}, not fp32 on the CPU"
-    if runner.sandwich_norms or any(w is not None for w in runner.windows) or mlp_activation(runner.model.config) != SILU:
+    windows = any(w is not None for w in runner.windows)
+    if runner.sandwich_norms or windows or mlp_activation(runner.model.config) != SILU:
         return "the layers are not the plain Llama form (sandwich norms, sliding windows or another activation)"
     attn = runner.layers[0].self_attn
     if attn.q_proj.bias is not None or getattr(attn, "q_norm", None) is not None:
@@ -169,7 +174,7 @@ def _native_shape(runner) -> avx2.Shape:
 def native_layer(runner, layer: DecodeLayer) -> avx2.NativeLayer:
     return avx2.NativeLayer(_native_shape(runner), (layer.input_norm.weight, layer.post_norm.weight),
                             layer.input_norm.eps, layer.scaling,
-                            tuple(m.blocks for m in (layer.qkv, layer.o, layer.gate_up, layer.down)))
+                            tuple(m.blocks for m in layer.linears))
 
 
 def _weights(runner, kernel: str, pad_rows: int) -> DecodeWeights:
