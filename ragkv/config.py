@@ -36,7 +36,8 @@ ENGINE_FIELDS = ("model", "store", "codec", "workers", "device", "memory_budget_
                  "retain_memory", "sequence_cache", "shadow_sample", "decoded_budget_bytes", "prompt_template",
                  "adaptive_target", "adaptive_ratios", "adaptive_window")
 BATCH_FIELDS = ("max_batch", "max_batch_tokens", "decode_kernel")  # EngineConfig.batch (BatchConfig)
-BLEND_FIELDS = ("recompute_ratio",)  # EngineConfig.blend (BlendConfig): the ratio of requests that give none
+# EngineConfig.blend (BlendConfig): the ratio of requests that give none, and the ratio served exactly from
+BLEND_FIELDS = ("recompute_ratio", "exact_from")
 WORKERS_FORMS = ("inproc", "ray", "auto")  # or ray://ADDRESS
 
 
@@ -157,7 +158,8 @@ class ServeConfig:
             try:
                 engine["blend"] = replace(self.engine.blend, **blend)
             except ValueError as e:
-                raise ValueError(f"--recompute-ratio: {e}") from None
+                flags = " / ".join("--" + k.replace("_", "-") for k in blend)
+                raise ValueError(f"{flags}: {e}") from None
         return replace(self, engine=replace(self.engine, **engine), **given)
 
 

@@ -40,6 +40,13 @@ COMPRESSED_CHECK_LAYER = 1
 # the run; 60 prompts, 15 families: full 0.767, 0.15 / 0.3 / 0.5 / 0.7 = 0.667 / 0.667 / 0.717 / 0.750;
 # docs/benchmarks.md "An honest default"). Cheaper ratios are one request field away: recompute_ratio
 DEFAULT_RATIO = 0.7
+# the server's setting (EngineConfig.blend) at this recompute ratio or above is served by an exact prefill
+# instead (the stored prefix and exact head, every other token prefilled). The rule: approximate only where
+# blending saves at least a quarter of full's TTFT. Measured on the 1,120-token bench: 1.19x at 0.7 (its answers
+# equal full's on 0.52 of `test`), 1.55x at 0.5 (docs/benchmarks.md "Exact where blending does not pay"). The
+# exact prefill also stores the prompt's chunk sequence, so the next prompt over the same documents reads it
+# exactly. A request that names its own ratio runs at that ratio.
+EXACT_FROM = 0.6
 
 
 @dataclass(frozen=True)
@@ -56,10 +63,15 @@ class BlendConfig:
     # shifted by the context drift (dev 0.542 vs 0.479 with deviation@0.15). None: recompute_ratio, with
     # COMPRESSED_METHOD at COMPRESSED_CHECK_LAYER
     compressed_ratio: float | None = 0.0
+    # a server's setting only: from this recompute ratio on, its blend requests are served by an exact prefill
+    # (EXACT_FROM in server_setting()); None: blended at any ratio
+    exact_from: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.recompute_ratio <= 1.0:
             raise ValueError(f"recompute_ratio must be in [0, 1], got {self.recompute_ratio!r}")
+        if self.exact_from is not None and not 0.0 < self.exact_from <= 1.0:
+            raise ValueError(f"exact_from must be in (0, 1], got {self.exact_from!r}")
         if self.compressed_ratio is not None and not 0.0 <= self.compressed_ratio <= 1.0:
             raise ValueError(f"compressed_ratio must be in [0, 1] or None, got {self.compressed_ratio!r}")
         if self.method not in SELECTIONS:
@@ -77,17 +89,29 @@ class BlendConfig:
         return replace(self, recompute_ratio=ratio, method=method, check_layer=layer, compressed_ratio=None)
 
     def named(self, method: str) -> "BlendConfig":
-        """`method` at this ratio over every kind of chunk (a setting asked for by name: `blend:METHOD@RATIO`)."""
-        return replace(self, method=method, compressed_ratio=None)
+        """`method` at this ratio over every kind of chunk (a setting asked for by name: `blend:METHOD@RATIO`),
+        blended at any ratio."""
+        return replace(self, method=method, compressed_ratio=None, exact_from=None)
 
     def with_ratio(self, ratio: float) -> "BlendConfig":
-        """`ratio` over every kind of chunk (a request's own ratio), each kind keeping its method."""
-        return replace(self, recompute_ratio=ratio, compressed_ratio=None)
+        """`ratio` over every kind of chunk (a request's own ratio), each kind keeping its method, blended at
+        any ratio: what was asked for runs."""
+        return replace(self, recompute_ratio=ratio, compressed_ratio=None, exact_from=None)
+
+    @property
+    def exact(self) -> bool:
+        """Whether this setting is served by an exact prefill (its ratio is at or above `exact_from`)."""
+        return self.exact_from is not None and self.recompute_ratio >= self.exact_from
 
     @property
     def name(self) -> str:
         """`METHOD@RATIO`, as the quality suite spells a blend config."""
         return f"{self.method}@{self.recompute_ratio:g}"
+
+
+def server_setting() -> BlendConfig:
+    """The setting of a server's requests that give no ratio (EngineConfig.blend): exact from EXACT_FROM on."""
+    return BlendConfig(exact_from=EXACT_FROM)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from workers.adaptive import RatioController, parse_ratios
 from workers.allocator import retain_freed_memory
 from workers.batching.scheduler import BatchConfig, Scheduler
 from workers.batching.sequence import Sequence
-from workers.blend import BlendConfig
+from workers.blend import BlendConfig, server_setting
 from workers.chat_prompt import chat_layout
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, chunk_fingerprint, compute_chunk
 from workers.chunk_source import PREFIX_CODEC, ChunkLoader
@@ -59,7 +59,7 @@ class EngineConfig:
     decoded_budget_bytes: int = 512 << 20  # decoded chunk KV kept in front of the blocks (kvstore/decoded.py); 0 = off
     store_budget_bytes: int | None = None
     workers: str = "inproc"
-    blend: BlendConfig = field(default_factory=BlendConfig)
+    blend: BlendConfig = field(default_factory=server_setting)  # requests without a ratio (exact from EXACT_FROM)
     chunk_form: str = DEFAULT_CHUNK_FORM  # how a chunk's stored KV is computed (workers/chunk_forms.py)
     use_calibration: bool = True  # a stored calibration replaces `blend` for requests without a ratio
     batch: BatchConfig = field(default_factory=BatchConfig)  # continuous batching (workers/batching)
@@ -224,9 +224,9 @@ class Engine:
             layout = build_prompt(self.runner.tokenizer, request.system_prompt, [ids for ids, _ in resolved],
                                   request.question)
             compressions = [c for _, c in resolved]
-        plan, setting = self.plan(request)
+        plan, setting = self.plan(request, compressed=any(c is not None for c in compressions))
         state = RequestState(layout, plan, setting, compressions, start,
-                             shadow=self.shadow.picks(request.mode, request.temperature))
+                             shadow=plan.stored_chunks and self.shadow.picks(request.mode, request.temperature))
         params = SamplingParams(request.max_new_tokens, request.temperature, request.top_p, request.seed)
         seq = Sequence(request, params, should_stop or (lambda: False),
                        kv_tokens=layout.num_tokens + request.max_new_tokens, state=state)
@@ -260,11 +260,15 @@ class Engine:
         yield GenerateResult(text=text, token_ids=tokens, prompt_token_ids=layout.token_ids, ttft_s=state.ttft_s,
                              total_s=time.perf_counter() - start, stats=stats)
 
-    def plan(self, request: GenerateRequest) -> tuple[PrefillPlan, str]:
+    def plan(self, request: GenerateRequest, compressed: bool = False) -> tuple[PrefillPlan, str]:
         """The request's prefill plan (workers/modes.py) and where its blend setting came from: the server's
         (calibrated for the request's namespace, calibrated, or default), at the adaptive ratio when that is on,
-        or the request's own ratio with the server's method."""
+        or the request's own ratio with the server's method. The server's setting is served exactly at or above
+        its `exact_from` (BlendConfig.exact), except over chunks compressed at ingest (`compressed`): those are
+        read in the form they were stored in."""
         setting, source = self.setting_for(request.namespace)
+        if compressed:
+            setting = replace(setting, exact_from=None)
         if request.recompute_ratio is not None:
             setting, source = setting.with_ratio(request.recompute_ratio), "request"
         elif self.adaptive is not None:
@@ -338,4 +342,6 @@ def blend_setting(config: EngineConfig, runner: ModelRunner, namespace: str = ""
 
     record = (load_calibration(runner, config.codec, chunk_form=config.chunk_form, namespace=namespace)
               if config.use_calibration else None)
-    return (config.blend, "default") if record is None else (calibrated_config(record), "calibrated")
+    if record is None:
+        return config.blend, "default"
+    return replace(calibrated_config(record), exact_from=config.blend.exact_from), "calibrated"

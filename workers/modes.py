@@ -4,7 +4,8 @@ pipeline (workers/pipeline.py) runs.
     full     plain prefill of every prompt token
     prefix   the system-prompt prefix block reused as an exact prefix, the rest prefilled (vLLM's prefix cache)
     reuse    stored chunk KV placed after the prefix, nothing recomputed (only the question and separators)
-    blend    stored chunk KV plus CacheBlend's selective recompute (workers/blend.py)
+    blend    stored chunk KV plus CacheBlend's selective recompute (workers/blend.py); a server setting
+             whose ratio is at or above its `exact_from` runs as `prefix` instead, exactly
 
 A new mode is one `@prefill_mode(NAME)` function (research/ registers its own, e.g. `shift`).
 """
@@ -27,6 +28,8 @@ class PrefillPlan:
     # the model's context drift added to every stored chunk entry first: None = as `blend` says
     # (its context_drift, when something is recomputed or a chunk was compressed at ingest); True / False
     shift: bool | None = None
+    # an exact plan standing in for this blend setting (BlendConfig.exact: blending would save too little)
+    exact_for: BlendConfig | None = None
 
 
 PlanFor = Callable[[BlendConfig], PrefillPlan]  # the server's blend setting -> the plan
@@ -56,4 +59,6 @@ def reuse(setting: BlendConfig) -> PrefillPlan:
 
 @prefill_mode("blend")
 def blend(setting: BlendConfig) -> PrefillPlan:
+    if setting.exact:  # at this ratio an exact prefill costs little more: prefix + exact head, the rest prefilled
+        return PrefillPlan("blend", stored_chunks=False, exact_for=setting)
     return PrefillPlan("blend", blend=setting)

@@ -93,7 +93,8 @@ class PrefillStats:
     sequence_chunks: int = 0  # leading chunks served exactly from the sequence tree (workers/sequences.py)
     compute_fraction: float = 1.0  # token-layers run / a full prefill's (a deterministic cost)
     context_drift: bool = False
-    blend_method: str | None = None  # the selection method; "reuse" when nothing is recomputed
+    blend_method: str | None = None  # the selection method; "reuse" when nothing is recomputed, "exact" when
+    # the blend setting was served by an exact prefill (BlendConfig.exact)
     blend_config: str | None = None  # METHOD@RATIO that ran (per chunk kind)
     recompute_ratio: float | None = None
     check_layer: int | None = None
@@ -148,6 +149,9 @@ def run_prefill(runner, layout: PromptLayout, plan: PrefillPlan, source: ChunkSo
         with watch.stage("layers"):
             logits = runner.forward(ids, torch.arange(start, layout.num_tokens, device=runner.device), cache,
                                     observer=observer)
+        if plan.exact_for is not None:  # a blend setting served exactly (BlendConfig.exact)
+            stats.blend_method, stats.blend_config = "exact", plan.exact_for.name
+            stats.recompute_ratio = plan.exact_for.recompute_ratio
         return Prefilled(logits, cache, stats)
     with watch.stage("load"):
         head = source.head(layout)

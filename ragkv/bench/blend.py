@@ -209,6 +209,7 @@ def run(quick: bool = False, progress: bool = True, chunk_counts: tuple[int, ...
             engine.close()
     main = next((r for r in runs if r["chunks"] == 8), runs[0])
     return {**main, "codec": codec, "prefill_kernel": engine.runner.kernel, "recompute_ratio": setting.recompute_ratio,
-            "blend_setting": {"config": setting.name, "source": source}, "max_new_tokens": max_new_tokens,
+            "blend_setting": {"config": setting.name, "source": source, "served_exactly": setting.exact},
+            "max_new_tokens": max_new_tokens,
             "agreement_definition": "same extracted answer as full (first 5-digit code, else first line)",
             "runs": runs}

@@ -117,16 +117,18 @@ def retrieve(question: str, docs: list[str], k: int = RETRIEVED) -> list[str]:
 
 
 def _ask(client, engine, chunks, questions, max_new_tokens, console) -> None:
-    """Each question over its retrieved documents, in `full` and `blend`, twice: the first time blend
-    approximates (CacheBlend over stored chunk KV); while the server is idle it computes those documents in
-    full, so the second time (another user, the same documents) blend reads them exactly from the sequence
-    tree. `full` runs in a namespace of its own, so its exact prefills do not feed the tree."""
+    """Each question over its retrieved documents, in `full` and `blend`, twice. The first time blend runs the
+    server's setting: CacheBlend over the stored chunk KV where that ratio pays, else (the default ratio, see
+    BlendConfig.exact_from) an exact prefill that stores the documents' sequence; a blended prompt's sequence
+    is computed exactly while the server is idle. So the second time (another user, the same documents)
+    blend reads them exactly from the sequence tree. `full` runs in a namespace of its own, so its exact
+    prefills do not feed the tree. The "ran" column is what blend did (stats `blend_method`)."""
     from rich.table import Table
 
     table = Table(title=f"answers over each question's {RETRIEVED} retrieved documents (full prefill vs ragkv blend)",
                   show_lines=True)
     for column in ("round", "question", "expected", "full answer", "blend answer", "TTFT full", "TTFT blend",
-                   "speedup", "chunks hit", "exact (tree)"):
+                   "speedup", "ran", "chunks hit", "exact (tree)"):
         table.add_column(column)
     speedups: dict[int, list[float]] = {1: [], 2: []}
     correct = {"full": 0, "blend": 0}
@@ -141,7 +143,7 @@ def _ask(client, engine, chunks, questions, max_new_tokens, console) -> None:
             speedups[round_].append(full.ttft_s / blend.ttft_s)
             table.add_row(str(round_), q.question, q.answer, _first_line(full.text), _first_line(blend.text),
                           f"{full.ttft_s:.2f}s", f"{blend.ttft_s:.2f}s", f"{speedups[round_][-1]:.1f}x",
-                          f"{blend.stats['chunks_hit']}/{len(retrieved)}",
+                          str(blend.stats.get("blend_method", "")), f"{blend.stats['chunks_hit']}/{len(retrieved)}",
                           f"{blend.stats.get('sequence_chunks', 0)}/{len(retrieved)}")
         engine.scheduler.wait_idle(120)  # a pause between users: the server computes the blended documents exactly
     console.print(table)

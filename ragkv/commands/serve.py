@@ -49,8 +49,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     blend.add_argument("--recompute-ratio", type=float, metavar="R",
                        help=f"share of stored chunk tokens blend recomputes for requests that give no ratio (default "
                             f"{d.recompute_ratio}: the cheapest within 2 points of full's accuracy on the quality "
-                            "suite's dev split; 0.15 is ~3x faster and less exact; a stored `ragkv calibrate` result "
-                            "for the model or namespace comes first; docs/prefill.md)")
+                            "suite's dev split, so served exactly, see --exact-from; 0.15 is ~3x faster and less "
+                            "exact; a stored `ragkv calibrate` result for the model or namespace comes first; "
+                            "docs/prefill.md)")
+    blend.add_argument("--exact-from", type=float, metavar="R",
+                       help=f"a server ratio at or above R is served by an exact prefill instead of blending (default "
+                            f"{d.engine.blend.exact_from}: from there blending saves too little of the prefill; the "
+                            "exact prefill stores the document sequence, read exactly the next time; 1 = blend at "
+                            "every ratio below 1; a request's own recompute_ratio always runs as asked)")
     blend.add_argument("--chunk-form", choices=list(CHUNK_FORMS),
                        help=f"how a chunk's KV is computed at ingest (default {d.engine.chunk_form}: after the "
                             "model's template prefix and a bland earlier document; lead: after the template prefix "

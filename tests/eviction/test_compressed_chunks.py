@@ -120,7 +120,9 @@ def test_fused_compressed_chunk_is_masked_and_never_revived(runner, compressed):
 
 @pytest.fixture(scope="module")
 def engine(runner, tmp_path_factory):
-    eng = Engine(EngineConfig(store=f"disk:{tmp_path_factory.mktemp('cc') / 'b'}", sequence_cache=SEQ), runner=runner)
+    # blend over plain chunks too (a server's own setting serves the default ratio exactly, reading no chunk)
+    eng = Engine(EngineConfig(store=f"disk:{tmp_path_factory.mktemp('cc') / 'b'}", sequence_cache=SEQ,
+                              blend=BlendConfig()), runner=runner)
     yield eng
     eng.close()
 

@@ -18,7 +18,8 @@ from workers.engine import Engine, EngineConfig
 
 @pytest.fixture(scope="session")
 def http_engine(runner, tmp_path_factory):
-    # no context drift: a fresh machine would measure it for the fp32 kernel first (minutes)
+    # no context drift: a fresh machine would measure it for the fp32 kernel first (minutes); blended at every
+    # ratio (a BlendConfig of its own, not the server's setting, which serves its default ratio exactly)
     config = EngineConfig(store=f"disk:{tmp_path_factory.mktemp('http-store')}/blocks", prefill_kernel="fp32",
                           batch=BatchConfig(decode_kernel="fp32"), use_calibration=False,
                           blend=BlendConfig(context_drift=False))

@@ -32,7 +32,8 @@ def test_serve_with_http_port_from_env_and_sigterm(tmp_path):
         client = openai.OpenAI(base_url=f"{root}/v1", api_key="tk", max_retries=0, timeout=120)
         assert [m.id for m in client.models.list().data] == ["default"]
         r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
-                                           extra_body={"documents": ["Bananas are yellow."]})
+                                           extra_body={"documents": ["Bananas are yellow."],
+                                                       "ragkv": {"recompute_ratio": 0.15}})  # blended: computed
         assert r.usage.completion_tokens >= 1 and r.model_extra["ragkv"]["chunks_computed"] == 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0

@@ -65,7 +65,8 @@ def test_chunk_ingested_on_a_is_blended_on_b_from_redis(pool, redis_url, runner)
     text = DOCS[2]
     [row] = pool.call_on(0, "ingest", [text])
     assert row["outcome"] == "computed"
-    request = GenerateRequest(question="What is the passkey?", chunks=(text,), max_new_tokens=16)
+    # a ratio that blends (the server's default ratio is served exactly, reading no chunk)
+    request = GenerateRequest(question="What is the passkey?", chunks=(text,), max_new_tokens=16, recompute_ratio=0.15)
     result = pool.call_on(1, "generate", request)
     assert result.stats["chunks_hit"] == 1 and result.stats["chunks_computed"] == 0
     # B's answer from A's block is the answer of an engine in this process reading the same block
@@ -139,8 +140,8 @@ def test_ray_engine_has_engine_surface(pool, redis_url):
     engine = RayEngine(EngineConfig(store=pool.config.store, workers="ray"), pool)
     refs = engine.ingest([DOCS[0], DOCS[1]])
     assert engine.lookup([r.id for r in refs]) == [True, True]
-    pieces = list(engine.generate_stream(GenerateRequest(question="Where does the Rhine rise?",
-                                                         chunks=(refs[0].id,), max_new_tokens=6)))
+    pieces = list(engine.generate_stream(GenerateRequest(question="Where does the Rhine rise?", chunks=(refs[0].id,),
+                                                         max_new_tokens=6, recompute_ratio=0.15)))
     assert pieces[-1].stats["chunks_hit"] == 1 and "".join(pieces[:-1]) == pieces[-1].text
     from ragkv.errors import NotFound
 
@@ -166,7 +167,7 @@ def test_engine_hook_sends_chunk_misses_to_the_pool(pool, redis_url, runner, mon
     [ref] = engine.ingest([DOCS[1] + " Extra sentence."])
     assert not ref.cached and computed() == before + 1
     result = engine.generate(GenerateRequest(question="Why are leaves green?", chunks=(DOCS[0] + " More.",),
-                                             max_new_tokens=4))
+                                             max_new_tokens=4, recompute_ratio=0.15))  # blended: the miss computed
     assert result.stats["chunks_computed"] == 1 and computed() == before + 2
 
 

@@ -97,7 +97,8 @@ def test_namespaces_are_isolated(client):
     assert client.pin([c.id], namespace="tenant-b") == 0
     assert client.evict([c.id], namespace="tenant-b") == 0
     assert client.lookup([c.id], namespace="tenant-a") == [True]  # untouched by B's evict
-    r = client.generate("What is the river called?", chunks=[c.id], namespace="tenant-a", max_new_tokens=2)
+    r = client.generate("What is the river called?", chunks=[c.id], namespace="tenant-a", max_new_tokens=2,
+                        recompute_ratio=0.15)  # a ratio that blends: the stored chunk is read
     assert r.stats["chunks_hit"] == 1
     assert client.evict([c.id], namespace="tenant-a") == 1
 

@@ -17,6 +17,7 @@ from faults import MUTATIONS, check_disk_store
 from kvstore.block import decode_block
 from kvstore.testing import RedisServer, free_port
 from ragkv.server.metrics import StoreCollector
+from workers.blend import BlendConfig
 from workers.engine import Engine, EngineConfig
 from workers.requests import GenerateRequest
 
@@ -37,7 +38,10 @@ def request(chunks=CHUNKS, **kw) -> GenerateRequest:
 
 
 def engine_on(store: str, runner, **kw) -> Engine:
-    return Engine(EngineConfig(store=store, memory_budget_bytes=None, sequence_cache=SEQ, **kw), runner)  # no memory tier: hit the backend
+    """No memory tier: every read hits the backend. Blend reads the stored chunks at the default ratio (which the
+    server's own setting serves exactly instead, reading none: BlendConfig.exact)."""
+    return Engine(EngineConfig(store=store, memory_budget_bytes=None, sequence_cache=SEQ,
+                               blend=BlendConfig(), **kw), runner)
 
 
 def rejected(engine) -> dict:

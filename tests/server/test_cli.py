@@ -38,17 +38,21 @@ def test_serve_retain_memory_from_flag_and_env(monkeypatch):
 
 def test_the_servers_recompute_ratio_from_flag_environment_and_file(monkeypatch, tmp_path):
     """The ratio of requests that give none: the default, a config file, RAGKV_RECOMPUTE_RATIO, then the flag."""
-    from workers.blend import BlendConfig
+    from dataclasses import replace
+
+    from workers.blend import server_setting
 
     parse = build_parser("serve").parse_args
-    assert config_from_args(parse(["serve"])).engine.blend == BlendConfig()
+    assert config_from_args(parse(["serve"])).engine.blend == server_setting()
     path = tmp_path / "ragkv.toml"
     path.write_text("recompute_ratio = 0.3\n")
     assert config_from_args(parse(["serve", "--config", str(path)])).engine.blend.recompute_ratio == 0.3
     monkeypatch.setenv("RAGKV_RECOMPUTE_RATIO", "0.5")
     assert config_from_args(parse(["serve", "--config", str(path)])).recompute_ratio == 0.5
     blend = config_from_args(parse(["serve", "--recompute-ratio", "0.15"])).engine.blend
-    assert blend == BlendConfig(recompute_ratio=0.15)  # the method and the rest stay the server's
+    assert blend == replace(server_setting(), recompute_ratio=0.15)  # the method and the rest stay the server's
+    blend = config_from_args(parse(["serve", "--exact-from", "1"])).engine.blend
+    assert blend.exact_from == 1.0 and not blend.exact  # a ratio below 1 is blended again
 
 
 def test_serve_rejects_half_tls(tmp_path):
@@ -61,6 +65,7 @@ def test_serve_rejects_half_tls(tmp_path):
     (["--model", "/missing/model"], "--model"),
     (["--codec", "int4", "--max-queue", "-1"], "--max-queue"),
     (["--recompute-ratio", "1.5"], "--recompute-ratio"),
+    (["--exact-from", "0"], "--exact-from"),
 ])
 def test_bad_flags_print_one_line_and_exit_2(flags, named, capsys, monkeypatch):
     monkeypatch.setattr("ragkv.server.app.serve", lambda config: pytest.fail("the server must not start"))

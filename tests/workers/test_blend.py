@@ -37,6 +37,26 @@ def test_ratio_zero_equals_reuse(runner):
     assert result.passed, result
 
 
+def test_a_setting_at_or_above_exact_from_is_an_exact_plan():
+    """The server's setting from `exact_from` on runs as an exact prefill (the stored prefix and exact head, the
+    rest prefilled) under blend's name; a ratio asked for by a request or by name, or a setting without
+    `exact_from` (every caller but a server's), is blended as asked."""
+    from workers.blend import EXACT_FROM, server_setting
+
+    default = server_setting()
+    assert default.exact and default.recompute_ratio >= default.exact_from == EXACT_FROM
+    plan = plan_for("blend", default)
+    assert (plan.mode, plan.stored_prefix, plan.stored_chunks, plan.blend, plan.exact_for) == ("blend", True, False,
+                                                                                               None, default)
+    assert plan_for("blend", BlendConfig(recompute_ratio=EXACT_FROM, exact_from=EXACT_FROM)).exact_for is not None
+    for blended in (BlendConfig(recompute_ratio=EXACT_FROM / 2, exact_from=EXACT_FROM), default.with_ratio(0.9),
+                    default.named("deviation"), BlendConfig(), BlendConfig(recompute_ratio=1.0)):
+        assert not blended.exact and plan_for("blend", blended).blend == blended
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="exact_from"):
+            BlendConfig(exact_from=bad)
+
+
 def test_selection_picks_largest_deviation():
     deviation = torch.tensor([0.0, 5.0, 1.0, 9.0, 2.0, 0.5])
     candidates = torch.tensor([1, 2, 3, 4, 5])

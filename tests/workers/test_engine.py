@@ -24,6 +24,9 @@ SEQ = False
 # the exact kernels on every CPU: `full` is compared with transformers' fp32 `generate` token for token, a claim
 # only the fp32 prefill and decode make (`auto` is bf16 on AVX512-BF16/AMX; the default decode kernel is int4)
 EXACT = dict(prefill_kernel="fp32", batch=BatchConfig(decode_kernel="fp32"))
+# these tests exercise CacheBlend over stored chunks; a server's own setting serves the default ratio by an exact
+# prefill instead (workers/blend.py server_setting, covered in tests/workers/test_sequences.py): blend at any ratio
+BLENDED = BlendConfig()
 
 CHUNKS = [
     "The capital of Frobnia is Lindorf. Lindorf was founded in 1432 by the salt merchant Osric Vale.",
@@ -35,7 +38,7 @@ QUESTION = "Who founded Lindorf?"
 
 def _engine(request, runner, tmp_path, backend: str):
     store = f"disk:{tmp_path / 'blocks'}" if backend == "disk" else request.getfixturevalue("redis_url")
-    return Engine(EngineConfig(store=store, codec="kivi2", sequence_cache=SEQ, **EXACT), runner=runner)
+    return Engine(EngineConfig(store=store, codec="kivi2", sequence_cache=SEQ, blend=BLENDED, **EXACT), runner=runner)
 
 
 @pytest.fixture
@@ -51,7 +54,7 @@ def ray_pool(ray_local, redis_server):
     from workers.ray_pool import WorkerPool
 
     pool = WorkerPool(EngineConfig(store=redis_server.url, codec="kivi2", memory_budget_bytes=None, sequence_cache=SEQ,
-                                   **EXACT), num_workers=1)
+                                   blend=BLENDED, **EXACT), num_workers=1)
     yield pool
     pool.shutdown()
 

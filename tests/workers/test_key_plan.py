@@ -13,6 +13,7 @@ from kvstore.kv import ChunkKV
 from kvstore.rope import rerotate_keys
 from workers.attention import attend
 from workers.cache import KVCache
+from workers.blend import BlendConfig
 from workers.engine import Engine, EngineConfig
 from workers.key_plan import KEY_BITS, codec_for_model, key_plan, pair_energy, plan_path
 from workers.prompt import build_prompt
@@ -93,7 +94,8 @@ def test_the_plan_lowers_the_query_weighted_key_error(runner):
 
 
 def test_engine_serves_blend_over_planned_chunks(runner, tmp_path):
-    engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="wk4v3", sequence_cache=False),
+    engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="wk4v3", sequence_cache=False,
+                                 blend=BlendConfig()),  # blended at the default ratio, over the stored chunks
                     runner=runner)  # the second answer over the same chunks is compared: no exact head
     try:
         assert engine.store.codec.key_plan == key_plan(runner)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from workers.blend import BlendConfig
 from workers.engine import Engine, EngineConfig
 from workers.requests import GenerateRequest
 
@@ -21,8 +22,9 @@ PROMPTS = (
 
 @pytest.fixture
 def engine(runner, tmp_path):
+    # blended at the default ratio (a server's own setting serves it exactly: nothing to check, the last test)
     eng = Engine(EngineConfig(store=f"disk:{tmp_path / 'b'}", codec="fp16", shadow_sample=1.0,
-                              sequence_cache=False), runner=runner)
+                              sequence_cache=False, blend=BlendConfig()), runner=runner)
     yield eng
     eng.close()
 
@@ -70,3 +72,16 @@ def test_a_check_the_full_idle_queue_refuses_is_counted_as_dropped(engine):
     engine.shadow.queued(True)
     stats = engine.stats().shadow
     assert (stats["sampled"], stats["dropped"]) == (2, 1)
+
+
+def test_a_request_served_exactly_is_not_checked(runner, tmp_path):
+    """The server's own setting at its default ratio is an exact prefill: a shadow check would compare full
+    with full, so none is queued."""
+    chunks, question = PROMPTS[0]
+    engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'exact'}", codec="fp16", shadow_sample=1.0,
+                                 sequence_cache=False), runner=runner)
+    try:
+        result = engine.generate(GenerateRequest(question=question, chunks=chunks, max_new_tokens=2))
+        assert result.stats["blend_method"] == "exact" and engine.stats().shadow["sampled"] == 0
+    finally:
+        engine.close()
