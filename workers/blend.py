@@ -42,10 +42,10 @@ COMPRESSED_CHECK_LAYER = 1
 DEFAULT_RATIO = 0.7
 # the server's setting (EngineConfig.blend) at this recompute ratio or above is served by an exact prefill
 # instead (the stored prefix and exact head, every other token prefilled). The rule: approximate only where
-# blending saves at least a quarter of full's TTFT. Measured on the 1,120-token bench: 1.19x at 0.7 (its answers
-# equal full's on 0.52 of `test`), 1.55x at 0.5 (docs/benchmarks.md "Exact where blending does not pay"). The
-# exact prefill also stores the prompt's chunk sequence, so the next prompt over the same documents reads it
-# exactly. A request that names its own ratio runs at that ratio.
+# blending saves at least a quarter of full's TTFT. Measured on the 1,120-token bench in one run: 1.28x at 0.7
+# (whose answers equalled full's on 0.52 of `test`), 1.27x at 0.6, 1.55x at 0.5 (docs/benchmarks.md "Exact where
+# blending does not pay"). The exact prefill also stores the prompt's chunk sequence, so the next prompt over the
+# same documents reads it exactly. A request that names its own ratio runs at that ratio.
 EXACT_FROM = 0.6
 
 

@@ -37,6 +37,9 @@ class Metrics:
                               buckets=TTFT_BUCKETS, registry=r)
         self.chunks = Counter("ragkv_chunks", "chunks used by generation, by outcome (hit: KV loaded from the store)",
                               ["outcome"], registry=r)
+        self.blend_runs = Counter("ragkv_blend_runs", "blend and reuse requests by what ran (stats blend_method: a "
+                                  "selection method, reuse, shift, or exact: the server's setting served by an exact "
+                                  "prefill)", ["ran"], registry=r)
         self.chunk_hit_ratio = Gauge("ragkv_chunk_hit_ratio", "fraction of chunks served from the store since start",
                                      registry=r)
         self.ingested = Counter("ragkv_ingested_chunks", "chunks ingested, by whether they were already stored",
@@ -54,6 +57,8 @@ class Metrics:
         hit, computed = int(stats.get("chunks_hit", 0) or 0), int(stats.get("chunks_computed", 0) or 0)
         self.chunks.labels(outcome="hit").inc(hit)
         self.chunks.labels(outcome="computed").inc(computed)
+        if stats.get("blend_method"):
+            self.blend_runs.labels(ran=stats["blend_method"]).inc()
         self._hits += hit
         self._total += hit + computed
         if self._total:

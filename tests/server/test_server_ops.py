@@ -138,6 +138,7 @@ def test_metrics_endpoint(server, client, refs):
                  "ragkv_adaptive_changes_total", "ragkv_adaptive_ratio"):
         assert name in body, name
     assert 'ragkv_requests_total{code="OK",method="Generate",mode="blend"}' in body
+    assert 'ragkv_blend_runs_total{ran="exact"}' in body  # the server's default ratio is served exactly
     assert 'ragkv_store_bytes{backend="disk"}' in body
 
 
