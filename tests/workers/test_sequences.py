@@ -99,31 +99,33 @@ def test_background_queue_is_bounded(engine):
     assert blocked.count(False) >= 5 and len(scheduler.background) <= scheduler.config.max_background
 
 
-def test_the_default_setting_is_served_exactly_and_stores_its_sequence(runner, tmp_path):
+@pytest.fixture
+def default_engine(runner, tmp_path):
+    eng = Engine(EngineConfig(store=f"disk:{tmp_path / 'default'}", codec="fp16", prefill_kernel="fp32"), runner=runner)
+    yield eng
+    eng.close()
+
+
+def test_the_default_setting_is_served_exactly_and_stores_its_sequence(default_engine):
     """At the server's default ratio blending saves too little: the request is an exact prefill, token for
     token `prefix` mode's, and it stores its chunk sequence at once (no idle-time fill), so another question
     over the same documents reads them exactly. A request's own ratio is blended as asked."""
-    engine = Engine(EngineConfig(store=f"disk:{tmp_path / 'blocks'}", codec="fp16", prefill_kernel="fp32"), runner=runner)
-    try:
-        _served_exactly(engine)
-    finally:
-        engine.close()
-
-
-def _served_exactly(engine) -> None:
-    assert engine.blend_setting[0].exact
+    engine = default_engine
+    setting = engine.blend_setting[0]
+    assert setting.exact
     engine.ingest(CHUNKS)
     ask = dict(chunks=list(CHUNKS), max_new_tokens=8)
     exact = engine.generate(GenerateRequest(question="What did the keeper count?", mode="blend", namespace="a", **ask))
     stats = exact.stats
-    assert (stats["mode"], stats["blend_method"], stats["blend_config"]) == ("blend", "exact", engine.blend_setting[0].name)
+    assert (stats["mode"], stats["blend_method"], stats["blend_config"]) == ("blend", "exact", setting.name)
     assert stats["chunks_hit"] == stats["sequence_chunks"] == 0  # no stored chunk KV read
     assert stats["compute_fraction"] > 0.5  # every token after the stored prefix was prefilled
-    prefix = engine.generate(GenerateRequest(question="What did the keeper count?", mode="prefix", namespace="b", **ask))
+    prefix = engine.generate(GenerateRequest(question="What did the keeper count?", mode="prefix", namespace="b",
+                                             **ask))
     assert exact.token_ids == prefix.token_ids
     again = engine.generate(GenerateRequest(question="Who made kettles?", mode="blend", namespace="a", **ask))
     assert again.stats["sequence_chunks"] == len(CHUNKS) and again.stats["prefix_hit"]
     assert engine.sequences.counters.fills == 0
     asked = engine.generate(GenerateRequest(question="Who made kettles?", mode="blend",  # where they were ingested
-                                            recompute_ratio=BlendConfig().recompute_ratio, **ask))
-    assert asked.stats["blend_method"] == BlendConfig().method and asked.stats["chunks_hit"] == len(CHUNKS)
+                                            recompute_ratio=setting.recompute_ratio, **ask))
+    assert asked.stats["blend_method"] == setting.method and asked.stats["chunks_hit"] == len(CHUNKS)
