@@ -226,7 +226,7 @@ class Engine:
             compressions = [c for _, c in resolved]
         plan, setting = self.plan(request, compressed=any(c is not None for c in compressions))
         state = RequestState(layout, plan, setting, compressions, start,
-                             shadow=plan.stored_chunks and self.shadow.picks(request.mode, request.temperature))
+                             shadow=self.shadow.picks(plan, request.temperature))
         params = SamplingParams(request.max_new_tokens, request.temperature, request.top_p, request.seed)
         seq = Sequence(request, params, should_stop or (lambda: False),
                        kv_tokens=layout.num_tokens + request.max_new_tokens, state=state)

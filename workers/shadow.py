@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import threading
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -20,6 +20,9 @@ from workers.adaptive import RatioController
 from workers.cache import KVCache
 from workers.batching.step import decode_step
 from workers.idle import prefill_units
+
+if TYPE_CHECKING:
+    from workers.modes import PrefillPlan
 
 
 @dataclass
@@ -81,9 +84,10 @@ class ShadowVerifier:
         self._random = random.Random(seed)
         self._lock = threading.Lock()
 
-    def picks(self, mode: str, temperature: float) -> bool:
-        """Whether this request is checked: greedy blend requests, at the sample rate."""
-        if self.stats.sample <= 0 or mode != "blend" or temperature != 0:
+    def picks(self, plan: PrefillPlan, temperature: float) -> bool:
+        """Whether this request is checked: greedy blend requests that blend (one served by an exact prefill
+        would compare full with full), at the sample rate."""
+        if self.stats.sample <= 0 or plan.mode != "blend" or plan.blend is None or temperature != 0:
             return False
         with self._lock:
             return self._random.random() < self.stats.sample

@@ -27,6 +27,10 @@ typedef struct { float d, s; int16_t q[QK]; } block_q16;  /* an activation block
 
 enum { Q4_1 = 0, Q8_0 = 1 };
 
+static inline size_t block_bytes(int format) { return format == Q4_1 ? sizeof(block_q4_1) : sizeof(block_q8_0); }
+
+static inline int imax(int a, int b) { return a > b ? a : b; }
+
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 static inline float hsum(__m256 v) {
@@ -167,7 +171,7 @@ static void tile(const void *w, int format, const block_q16 *x, size_t stride, i
 /* out[r * n + j] = W[j] . x[r] for r < rows: W [n, k] in `format` blocks, xq [rows, k / 32] */
 static void matvec_q(const void *w, int format, int n, int k, const block_q16 *xq, int rows, float *out) {
     const int blocks = k / QK;
-    const size_t bytes = format == Q4_1 ? sizeof(block_q4_1) : sizeof(block_q8_0);
+    const size_t bytes = block_bytes(format);
     #pragma omp parallel for schedule(static)
     for (int j = 0; j < n; j++) {
         const char *wj = (const char *)w + (size_t)j * blocks * bytes;
@@ -374,13 +378,12 @@ static void silu_mul(const float *gate, const float *up, int n, float *out) {
  * (unscaled) queries. Same arithmetic order as workers/batching/layer.py's Llama form. */
 void ragkv_decode_layer(const Layer *L, float *hidden, const Row *rows, int count, float *queries) {
     const int H = L->hidden, heads = L->heads, kvh = L->kv_heads, D = L->head_dim, I = L->intermediate;
-    const int width = (heads + 2 * kvh) * D, inputs = H > I ? (H > heads * D ? H : heads * D)
-                                                            : (I > heads * D ? I : heads * D);  /* widest input */
+    const int width = (heads + 2 * kvh) * D, inputs = imax(imax(H, I), heads * D);  /* widest input */
     float *normed = malloc(sizeof(float) * (size_t)count * H);
     float *qkv = malloc(sizeof(float) * (size_t)count * width);
     float *scaled = malloc(sizeof(float) * (size_t)count * heads * D);
     float *attn = malloc(sizeof(float) * (size_t)count * heads * D);
-    float *out = malloc(sizeof(float) * (size_t)count * (H > 2 * I ? H : 2 * I));
+    float *out = malloc(sizeof(float) * (size_t)count * imax(H, 2 * I));
     float *acted = malloc(sizeof(float) * (size_t)count * I);
     block_q16 *xq = malloc(sizeof(block_q16) * (size_t)count * (inputs / QK));
 
@@ -473,7 +476,7 @@ static int pack_row(const float *w, int format, int k, void *out) {
 
 /* w [n, k] fp32 -> out: n * k / 32 blocks of `format`; 1 when exact, else 0 (out partly written) */
 int ragkv_pack(const float *w, int format, int n, int k, void *out) {
-    const size_t row_bytes = (size_t)k / QK * (format == Q4_1 ? sizeof(block_q4_1) : sizeof(block_q8_0));
+    const size_t row_bytes = (size_t)k / QK * block_bytes(format);
     int ok = 1;
     for (int j = 0; j < n && j < PROBE_ROWS && ok; j++)
         ok = pack_row(w + (size_t)j * k, format, k, (char *)out + j * row_bytes);
