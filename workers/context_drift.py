@@ -10,22 +10,24 @@ measured once per model, on fixed prompts (the sample documents cut into 128-tok
 to a prompt, three draws per sample question), for the first chunk of a prompt and for the later
 ones, and stored next to the model's converted copy like the key plan.
 
-Keys are shifted before RoPE (each entry's shift rotated to its position), values as they are.
+Keys are shifted before RoPE (each entry's shift rotated to its position), values as they are. The shift is
+added to each chunk as it is placed (`drifted`, in the chunk's own frame; the placing rotation carries it on).
 Shapes: 2 slots (first chunk, later chunks), L layers, H kv heads, T tokens, D head dim.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from tqdm import tqdm
 
+from kvstore.kv import ChunkKV
 from kvstore.rope import apply_rope, rerotate_keys, rope_cos_sin
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM, compute_chunk
 from workers.model import beside_model, measured_record
-from workers.prompt import PromptLayout, build_prompt
+from workers.prompt import build_prompt
 from workers.samples import sample_documents, sample_questions
 
 CHUNK_TOKENS = 128  # the sample documents are cut into chunks of this many tokens
@@ -40,24 +42,38 @@ class ContextDrift:
     values: torch.Tensor  # [2, L, H, D] fp32
 
 
-def chunk_range(layout: PromptLayout) -> tuple[int, int, int]:
-    """(start, first chunk's end, end): the prompt indices the shift covers. The separators between chunks
-    fall inside; they have no stored KV and run through every layer, so whatever they hold is overwritten."""
-    return layout.chunk_spans[0][0], layout.chunk_spans[0][1], layout.chunk_spans[-1][1]
+def chunk_slots(count: int, first: bool) -> list[int]:
+    """Each of `count` placed chunks' drift slot: 0 for the prompt's first chunk (`first`: the first placed chunk
+    is the prompt's first, not one after an exact head), 1 for the later ones."""
+    return [0 if first and j == 0 else 1 for j in range(count)]
 
 
-def shift_chunks(cache: KVCache, span: tuple[int, int, int], drift: ContextDrift, inv_freq: torch.Tensor) -> None:
-    """Add to every stored entry in span = (start, first_end, end) its slot's drift (slot 0 before first_end,
-    1 after), in every layer, in place: keys before RoPE (the shift rotated to each position), values as they are."""
-    start, first_end, end = span
-    positions = cache.layers[0].positions[start:end]  # [T]
-    slots = (torch.arange(start, end, device=positions.device) >= first_end).long()  # [T]
-    cos, sin = rope_cos_sin(positions, inv_freq.to(positions.device))  # [T, D] or per layer [L, 1, T, D]: once
-    for layer, kv in enumerate(cache.layers):
-        c, s = (cos, sin) if inv_freq.dim() == 1 else (cos[layer, 0], sin[layer, 0])  # [T, D]
-        keys = drift.keys[:, layer].to(kv.keys.device)[slots].transpose(0, 1)  # [H, T, D] pre-RoPE
-        kv.keys[:, start:end] += apply_rope(keys, c, s).to(kv.keys.dtype)
-        kv.values[:, start:end] += drift.values[:, layer].to(kv.values.device)[slots].transpose(0, 1).to(kv.values.dtype)
+def drifted(chunk: ChunkKV, slot: int, drift: ContextDrift, inv_freq: torch.Tensor | None = None) -> ChunkKV:
+    """`chunk` with its slot's drift added, in the chunk's own frame, so that placing it (ChunkKV.keys_at) rotates
+    the drift on with the keys: a key placed at p becomes R(p) (k + d), the stored key shifted before RoPE.
+
+    Pre-RoPE keys take the drift as it is; post-RoPE keys (rotated at their positions in the chunk: 0..n-1, or a
+    compressed chunk's own) take it rotated to those positions. Values take it as it is. One pass over the
+    chunk, made while it is placed, instead of a pass over every layer of the prompt's cache afterwards.
+    Shapes: keys/values [L, H, T, D]; drift [2, L, H, D] -> the slot's [L, H, 1, D]."""
+    device = chunk.keys.device
+    keys = drift.keys[slot].to(device)[:, :, None, :]  # [L, H, 1, D] fp32, pre-RoPE
+    values = drift.values[slot].to(device)[:, :, None, :]
+    if not chunk.pre_rope:
+        freq = chunk.inv_freq if chunk.inv_freq is not None else inv_freq
+        if freq is None:
+            raise ValueError("shifting post-RoPE keys needs inv_freq")
+        positions = chunk.positions.to(device) if chunk.positions is not None else torch.arange(chunk.num_tokens,
+                                                                                                   device=device)
+        cos, sin = rope_cos_sin(positions, freq.to(device))  # [T, D], [L, H, T, D] compressed, [L, 1, T, D] per layer
+        keys = apply_rope(keys, cos, sin)  # [L, H, T, D]
+    return replace(chunk, keys=(chunk.keys + keys).to(chunk.keys.dtype),
+                   values=(chunk.values + values).to(chunk.values.dtype))
+
+
+def shift_chunks(chunks: list[ChunkKV], drift: ContextDrift, first: bool, inv_freq: torch.Tensor) -> list[ChunkKV]:
+    """Every chunk to be placed, shifted by its slot's drift (`chunk_slots`); the inputs are not written."""
+    return [drifted(chunk, slot, drift, inv_freq) for chunk, slot in zip(chunks, chunk_slots(len(chunks), first))]
 
 
 def _sample_chunks(runner) -> list[list[int]]:

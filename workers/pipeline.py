@@ -9,7 +9,7 @@ engine's block store (workers/chunk_source.py), or KV a caller already holds (`H
 
     full:            prefill every token
     prefix:          stored prefix block (+ the exact head, below), prefill the rest
-    reuse / blend:   stored prefix + exact head + chunks -> fuse (re-rotate) -> context drift shift
+    reuse / blend:   stored prefix + exact head + chunks -> context drift shift -> fuse (re-rotate)
                      -> recompute -> logits
 
 The exact head (workers/sequences.py): the KV of the prompt's leading chunks in the same order, stored
@@ -27,10 +27,10 @@ from typing import Iterator, Protocol
 import torch
 
 from kvstore.kv import ChunkKV
-from workers.blend import BlendConfig, chunk_tokens, fuse_chunks, recompute, recompute_budget
+from workers.blend import BlendConfig, fuse_chunks, recompute, recompute_budget
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM
-from workers.context_drift import chunk_range, context_drift, shift_chunks
+from workers.context_drift import context_drift, shift_chunks
 from workers.eviction.chunks import compact
 from workers.modes import PrefillPlan
 from workers.prompt import PromptLayout
@@ -73,7 +73,7 @@ class HeldChunks:
         return [Loaded(kv, True) for kv in self.chunk_kvs[first:]]
 
 
-STAGES = ("load", "fuse", "shift", "layers", "logits")  # the breakdown's parts, in pipeline order
+STAGES = ("load", "shift", "fuse", "layers", "logits")  # the breakdown's parts, in pipeline order
 
 
 @dataclass
@@ -160,17 +160,15 @@ def run_prefill(runner, layout: PromptLayout, plan: PrefillPlan, source: ChunkSo
         chunks = _count_chunks(source.chunks(layout, head.chunks), stats)
         stats.degraded = source.degraded
     rest = _after(layout, head)  # the prompt as blend sees it: the exact head is its prefix
-    with watch.stage("fuse"):
-        cache, computed = fuse_chunks(runner, rest, prefix, chunks, nodes)
     compressed = stats.compressed_chunks > 0
     config = None if plan.blend is None else plan.blend.for_prompt(compressed)
-    budget = recompute_budget(config, chunk_tokens(rest, computed).numel())
+    budget = recompute_budget(config, sum(end - start for start, end in rest.chunk_spans))  # of the stored chunk tokens
     if rest.chunk_spans and _shifts(plan, config, budget, compressed):
-        with watch.stage("shift"):
-            start, first_end, end = chunk_range(rest)  # after an exact head, no chunk is the prompt's first
-            span = (start, start if head.chunks else first_end, end)
-            shift_chunks(cache, span, context_drift(runner, chunk_form), runner.inv_freq)
+        with watch.stage("shift"):  # after an exact head, no chunk is the prompt's first
+            chunks = shift_chunks(chunks, context_drift(runner, chunk_form), not head.chunks, runner.inv_freq)
             stats.context_drift = True
+    with watch.stage("fuse"):
+        cache, computed = fuse_chunks(runner, rest, prefix, chunks, nodes)
     with watch.stage("layers"):
         done = recompute(runner, rest, cache, computed, config, observer=observer)
     with watch.stage("logits"):

@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from kvstore.kv import ChunkKV
 from workers import context_drift as cd
 from workers.blend import COMPRESSED_METHOD, BlendConfig, fuse_chunks, recompute
-from workers.cache import KVCache, LayerKV
+from workers.cache import KVCache
 from workers.modes import plan_for
 from workers.pipeline import HeldChunks, run_prefill
 from workers.prompt import build_prompt
@@ -25,40 +26,42 @@ def random_drift(layers: int, heads: int, dim: int, scale: float, seed: int = 0)
                            values=torch.randn(2, layers, heads, dim, generator=g) * scale)
 
 
-def test_shift_chunks_adds_the_pre_rope_drift_of_each_tokens_slot():
+@pytest.mark.parametrize("pre_rope", [False, True])
+def test_a_drifted_chunk_placed_anywhere_holds_its_keys_shifted_before_rope(pre_rope):
+    """Placed at `start`, a drifted chunk's key i is R(start + i) (pre-RoPE key + the slot's drift), from either
+    key form; values take the drift as it is; the chunk given is not written."""
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
     g = torch.Generator().manual_seed(1)
-    keys, values = torch.randn(2, 3, 7, 8, generator=g), torch.randn(2, 3, 7, 8, generator=g)  # [L, H, T, D]
-    positions = torch.arange(7) + 40
-    cache = KVCache([LayerKV(keys[i].clone(), values[i].clone(), positions) for i in range(2)])
+    keys, values = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 3, 5, 8, generator=g)  # [L, H, T, D] at 0..4
+    chunk = ChunkKV(keys.clone(), values.clone(), list(range(5)), inv_freq=inv_freq).with_rope(pre_rope)
+    before = chunk.keys.clone()
     drift = random_drift(2, 3, 8, 1.0)
-    cd.shift_chunks(cache, (1, 3, 6), drift, inv_freq)  # tokens 1-2 in the first chunk, 3-5 in later ones
-    for layer, kv in enumerate(cache.layers):
-        for token, slot in ((1, 0), (2, 0), (3, 1), (4, 1), (5, 1)):
-            pre = rerotate_keys(keys[layer][:, token:token + 1], -int(positions[token]), inv_freq)
-            expected = rerotate_keys(pre + drift.keys[slot, layer][:, None], int(positions[token]), inv_freq)
-            torch.testing.assert_close(kv.keys[:, token:token + 1], expected, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(kv.values[:, token], values[layer][:, token] + drift.values[slot, layer])
-        untouched = torch.tensor([0, 6])
-        assert torch.equal(kv.keys[:, untouched], keys[layer][:, untouched])
-        assert torch.equal(kv.values[:, untouched], values[layer][:, untouched])
+    for slot in (0, 1):
+        shifted = cd.drifted(chunk, slot, drift)
+        placed = shifted.keys_at(40)
+        for i in range(5):
+            pre = rerotate_keys(keys[:, :, i:i + 1], -i, inv_freq)  # [L, H, 1, D]
+            expected = rerotate_keys(pre + drift.keys[slot][:, :, None], 40 + i, inv_freq)
+            torch.testing.assert_close(placed[:, :, i:i + 1], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(shifted.values, values + drift.values[slot][:, :, None])
+    assert torch.equal(chunk.keys, before) and torch.equal(chunk.values, values)
 
 
-def test_chunk_range_spans_every_chunk_and_marks_the_first():
-    layout = build_prompt(_Tok(), "", [[5] * 3, [6] * 2, [7] * 4], "q")
-    start, first_end, end = cd.chunk_range(layout)
-    assert (start, first_end, end) == (layout.chunk_spans[0][0], layout.chunk_spans[0][1], layout.chunk_spans[-1][1])
-    assert first_end - start == 3 and end - start == 3 + 2 + 4 + 2  # two separators inside
+def test_only_the_prompts_first_chunk_takes_the_first_slot():
+    assert cd.chunk_slots(3, first=True) == [0, 1, 1]
+    assert cd.chunk_slots(3, first=False) == [1, 1, 1]  # after an exact head, no placed chunk is the prompt's first
 
 
-class _Tok:
-    """A tokenizer stub for layout arithmetic only: every text is one token, the template is empty."""
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [1] if text else []}
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
-        return messages[-1]["content"]
+def shift_by_hand(cache: KVCache, layout, drift: cd.ContextDrift, inv_freq: torch.Tensor) -> None:
+    """The drift added to a fused cache entry by entry, as the shift was first written: every stored chunk entry
+    of layer l, its key un-rotated, shifted, rotated back; its value shifted."""
+    for j, (start, end) in enumerate(layout.chunk_spans):
+        slot = min(j, 1)
+        positions = torch.arange(start, end)
+        for layer, kv in enumerate(cache.layers):
+            pre = rerotate_keys(kv.keys[:, start:end], -positions, inv_freq)  # [H, T, D]
+            kv.keys[:, start:end] = rerotate_keys(pre + drift.keys[slot, layer][:, None], positions, inv_freq)
+            kv.values[:, start:end] += drift.values[slot, layer][:, None]
 
 
 def _prompt(runner):
@@ -117,7 +120,7 @@ def test_a_shifting_reuse_plan_is_reuse_over_whole_chunks_shifted_by_hand(runner
     shifted, stats = _blend(runner, layout, prefix, chunks, BlendConfig(context_drift=False), "reuse", True)
     assert stats["context_drift"] and stats["recomputed_tokens"] == 0 and stats["blend_method"] == "shift"
     cache, computed = fuse_chunks(runner, layout, prefix, chunks)
-    cd.shift_chunks(cache, cd.chunk_range(layout), drift, runner.inv_freq)
+    shift_by_hand(cache, layout, drift, runner.inv_freq)
     assert torch.allclose(shifted, _reuse_over(runner, layout, cache, computed), atol=1e-4)
     reused, reuse_stats = _blend(runner, layout, prefix, chunks, BlendConfig(), "reuse")
     assert not reuse_stats["context_drift"] and reuse_stats["blend_method"] == "reuse"
@@ -138,7 +141,7 @@ def test_chunks_compressed_at_ingest_are_shifted_and_reused(runner, drift):
     shifted, stats = _blend(runner, layout, prefix, small, BlendConfig())
     assert stats["context_drift"] and stats["recomputed_tokens"] == 0 and stats["recompute_ratio"] == 0.0
     cache, computed = fuse_chunks(runner, layout, prefix, small)
-    cd.shift_chunks(cache, cd.chunk_range(layout), drift, runner.inv_freq)
+    shift_by_hand(cache, layout, drift, runner.inv_freq)
     assert torch.allclose(shifted, _reuse_over(runner, layout, cache, computed), atol=1e-4)
     plain, plain_stats = _blend(runner, layout, prefix, small, BlendConfig(context_drift=False))
     reused, reuse_stats = _blend(runner, layout, prefix, small, BlendConfig(), "reuse")
