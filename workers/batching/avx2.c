@@ -118,7 +118,7 @@ static inline __m256 dot_i16(__m256i w0, __m256i w1, const int16_t *q) {
  * tile. Every row's arithmetic is the same sequence whatever the tile (R is a constant the compiler
  * unrolls), so a row's result has the same bits alone as in a batch. x: the tile's first row, `stride`
  * blocks apart; out: its first output, `out_stride` floats apart. */
-#define TILE 4
+#define TILE 8
 
 static inline __attribute__((always_inline)) void tile_q4_1(
         const block_q4_1 *w, const block_q16 *x, size_t stride, int blocks, float *out, size_t out_stride,
@@ -164,7 +164,7 @@ static void tile(const void *w, int format, const block_q16 *x, size_t stride, i
     if (format == Q4_1) tile_q4_1((const block_q4_1 *)w, x, stride, blocks, out, out_stride, R); \
     else tile_q8_0((const block_q8_0 *)w, x, stride, blocks, out, out_stride, R); \
     break;
-    switch (rows) { TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) }
+    switch (rows) { TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8) }
 #undef TILE_CASE
 }
 
