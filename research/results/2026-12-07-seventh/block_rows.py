@@ -2,16 +2,11 @@
 in one process over 8 x 128 pre-RoPE chunks; median of 8 prefills each."""
 import statistics, time, torch
 import workers.attention as att
-from workers.runner import ModelRunner
-from workers.prompt import build_prompt
-from workers.pipeline import run_prefill, HeldChunks
+from prompt import blend_prompt
+from workers.pipeline import run_prefill
 from workers.modes import plan_for
 from workers.blend import BlendConfig
-r = ModelRunner.load("default")
-text = "The lighthouse keeper counted ships every evening in a green ledger and wrote the weather beside each. "
-chunks = [r.tokenize((f"Document {i}. " + text * 12))[:128] for i in range(8)]
-layout = build_prompt(r.tokenizer, "", chunks, "What did the keeper count in the ledger, and where?")
-held = HeldChunks(r.chunk_kv(layout.prefix_ids), [r.chunk_kv(c).with_rope(True) for c in chunks])
+r, layout, held = blend_prompt()
 plan = plan_for("blend", BlendConfig(recompute_ratio=0.15))
 orig = att.query_blocks
 sizes = (16, 32, 64, 128)

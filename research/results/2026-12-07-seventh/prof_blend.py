@@ -1,17 +1,11 @@
 """Profile one blend@0.15 prefill (1,120 tokens, 8 chunks of 128) by op, and time its parts."""
 import sys, time, torch
-from workers.runner import ModelRunner
-from workers.prompt import build_prompt
-from workers.pipeline import run_prefill, HeldChunks
+from prompt import blend_prompt
+from workers.pipeline import run_prefill
 from workers.modes import plan_for
 from workers.blend import BlendConfig
 ratio = float(sys.argv[1]) if len(sys.argv) > 1 else 0.15
-r = ModelRunner.load("default")
-text = "The lighthouse keeper counted ships every evening in a green ledger and wrote the weather beside each. "
-chunks = [r.tokenize((f"Document {i}. " + text * 12))[:128] for i in range(8)]
-layout = build_prompt(r.tokenizer, "", chunks, "What did the keeper count in the ledger, and where?")
-prefix = r.chunk_kv(layout.prefix_ids); kvs = [r.chunk_kv(c) for c in chunks]
-held = HeldChunks(prefix, kvs)
+r, layout, held = blend_prompt(pre_rope=False)
 print("tokens", layout.num_tokens)
 plans = {"full": plan_for("full", BlendConfig()), "reuse": plan_for("reuse", BlendConfig()),
          str(ratio): plan_for("blend", BlendConfig(recompute_ratio=ratio))}

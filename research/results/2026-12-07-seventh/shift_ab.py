@@ -2,17 +2,12 @@
 median of 10 prefills. Run once per checkout (PYTHONPATH picks it) and alternate, on an otherwise idle box."""
 import json, statistics, sys, time
 import torch
-from workers.runner import ModelRunner
-from workers.prompt import build_prompt
-from workers.pipeline import run_prefill, HeldChunks
+from prompt import blend_prompt
+from workers.pipeline import run_prefill
 from workers.modes import plan_for
 from workers.blend import BlendConfig
 import workers.pipeline as pipeline
-r = ModelRunner.load("default")
-text = "The lighthouse keeper counted ships every evening in a green ledger and wrote the weather beside each. "
-chunks = [r.tokenize((f"Document {i}. " + text * 12))[:128] for i in range(8)]
-layout = build_prompt(r.tokenizer, "", chunks, "What did the keeper count in the ledger, and where?")
-held = HeldChunks(r.chunk_kv(layout.prefix_ids), [r.chunk_kv(c).with_rope(True) for c in chunks])
+r, layout, held = blend_prompt()
 plan = plan_for("blend", BlendConfig(recompute_ratio=0.15))
 rows = []
 for _ in range(11):
