@@ -60,10 +60,10 @@ class ChunkKV:
             return keys.to(out_dtype or keys.dtype)
         if freq is None:
             raise ValueError("placing keys at an offset needs inv_freq")
-        delta = start + self._slot_positions(keys.device) if self.pre_rope else start
+        delta = start + self.slot_positions(keys.device) if self.pre_rope else start
         return dispatch.rerotate_keys(keys, delta, freq.to(keys.device), out_dtype=out_dtype)
 
-    def _slot_positions(self, device) -> torch.Tensor:
+    def slot_positions(self, device) -> torch.Tensor:
         """Each key slot's position in the chunk: [T], or [L, H, T] for a compressed chunk."""
         if self.positions is not None:
             return self.positions.to(device)
@@ -77,6 +77,6 @@ class ChunkKV:
             raise ValueError("un-rotating keys needs the chunk's inv_freq (ModelRunner.chunk_kv sets it)")
         if not pre_rope:
             return replace(self, keys=self.keys_at(0), pre_rope=False)
-        positions = self._slot_positions(self.keys.device)
+        positions = self.slot_positions(self.keys.device)
         keys = dispatch.rerotate_keys(self.keys, -positions, self.inv_freq.to(self.keys.device))
         return replace(self, keys=keys, pre_rope=True)

@@ -63,9 +63,8 @@ def drifted(chunk: ChunkKV, slot: int, drift: ContextDrift, inv_freq: torch.Tens
         freq = chunk.inv_freq if chunk.inv_freq is not None else inv_freq
         if freq is None:
             raise ValueError("shifting post-RoPE keys needs inv_freq")
-        positions = chunk.positions.to(device) if chunk.positions is not None else torch.arange(chunk.num_tokens,
-                                                                                                   device=device)
-        cos, sin = rope_cos_sin(positions, freq.to(device))  # [T, D], [L, H, T, D] compressed, [L, 1, T, D] per layer
+        # [T, D], [L, H, T, D] for a compressed chunk, [L, 1, T, D] for per-layer frequencies
+        cos, sin = rope_cos_sin(chunk.slot_positions(device), freq.to(device))
         keys = apply_rope(keys, cos, sin)  # [L, H, T, D]
     return replace(chunk, keys=(chunk.keys + keys).to(chunk.keys.dtype),
                    values=(chunk.values + values).to(chunk.values.dtype))

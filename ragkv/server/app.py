@@ -109,7 +109,7 @@ def serve(config: ServeConfig) -> int:
     if scheduler is not None:
         scheduler.claim()  # before the first request can start a thread of its own
     gc.collect()
-    gc.freeze()  # the model's hundreds of thousands of objects: never scanned again by the collector
+    gc.freeze()  # what start-up built (engine, store, servers): never scanned again; the model froze at load
     try:
         running = start_server(config, engine)
         if config.http_port is not None:  # the OpenAI-compatible API, same engine, token, queue and metrics
