@@ -46,6 +46,19 @@ def width_groups(plan: str, layers: int, heads: int, dim: int) -> tuple[tuple[in
     return tuple((b, (widths == b).nonzero().flatten()) for b in quant.PACK_BITS if bool((widths == b).any()))
 
 
+@functools.lru_cache(maxsize=16)
+def channel_columns(plan: str, layers: int, heads: int, dim: int) -> torch.Tensor | None:
+    """[L*H*D] each key channel's column among the decoded widths' rows (width by width in PACK_BITS order, each
+    padded to whole rows of ROW), or None where that is the channels' own order (every channel one width)."""
+    groups = width_groups(plan, layers, heads, dim)
+    columns = torch.empty(layers * heads * dim, dtype=torch.long)
+    start = 0
+    for _, idx in groups:
+        columns[idx] = torch.arange(start, start + idx.numel())
+        start += -(-idx.numel() // ROW) * ROW
+    return None if torch.equal(columns, torch.arange(columns.numel())) else columns
+
+
 @register_codec
 @dataclass(frozen=True)
 class PlannedKeys(Codec):
@@ -120,14 +133,19 @@ class PlannedKeys(Codec):
             return (torch.empty(layers, heads, 0, dim, dtype=dtype, device=r.device),
                     torch.empty(layers, heads, 0, dim, dtype=dtype, device=r.device))
         key_groups = quant.num_groups(tokens, self.key_group)
-        channels = torch.empty(layers * heads * dim, tokens, dtype=dtype, device=r.device)  # [C, T], C = [L, H, D]
-        for bits, idx in self._groups(shape):
-            rows = -(-idx.numel() // ROW)
+        groups = self._groups(shape)
+        columns = channel_columns(self.key_plan, layers, heads, dim)
+        rows_of = [-(-idx.numel() // ROW) for _, idx in groups]
+        decoded = torch.empty(tokens, sum(rows_of) * ROW, dtype=dtype, device=r.device)  # [T, padded widths' rows]
+        start = 0
+        for (bits, idx), rows in zip(groups, rows_of):
             codes = r.take(torch.uint8, (rows, tokens, bits))
             scale = r.take(torch.float16, (rows, ROW, key_groups))
             zero = r.take(torch.float16, (rows, ROW, key_groups))
             x = kernels.dequantize_channel(codes, scale, zero, bits, self.key_group, out_dtype=dtype)  # [R, T, 8]
-            # channel-major [N_b, T] (a view of the torch path's output), each row to its channel's place
-            channels.index_copy_(0, idx.to(r.device), x.transpose(1, 2).reshape(rows * ROW, tokens)[: idx.numel()])
-        keys = channels.view(layers, heads, dim, tokens).transpose(2, 3).contiguous()  # [L, H, T, D]
+            decoded[:, start: start + rows * ROW].view(tokens, rows, ROW).copy_(x.transpose(0, 1))
+            start += rows * ROW
+        # token-major throughout: [T, C] (C = [L, H, D]) -> [L, H, T, D] is one cheap copy
+        channels = decoded if columns is None else decoded.index_select(1, columns.to(r.device))
+        keys = channels.view(tokens, layers, heads, dim).permute(1, 2, 0, 3).contiguous()  # [L, H, T, D]
         return keys, self._values(dim).decode(r, (layers, heads), tokens, dim, dtype)

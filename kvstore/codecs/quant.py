@@ -114,8 +114,19 @@ def quantize_per_channel(x: torch.Tensor, bits: int, group_size: int):
 
 
 def dequantize_per_channel(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> torch.Tensor:
-    """q: [..., tokens, head_dim] uint8, scale/zero: [..., head_dim, ceil(tokens/G)] -> [..., tokens, head_dim]"""
-    return dequantize_asym(q.transpose(-1, -2), scale, zero, group_size).transpose(-1, -2)
+    """q: [..., tokens, head_dim] uint8, scale/zero: [..., head_dim, ceil(tokens/G)] -> [..., tokens, head_dim]
+    float32, contiguous: the formula of dequantize_asym (code * scale + zero), computed in place in the codes'
+    own token-major layout (no transposed copies: those cost most of a decode at token counts like 131)."""
+    tokens = q.shape[-2]
+    full = tokens // group_size  # whole groups; a short last group (tokens % G) is scaled on its own
+    x = q.to(torch.float32, memory_format=torch.contiguous_format)  # [..., T, D]
+    scale, zero = scale.float().transpose(-1, -2), zero.float().transpose(-1, -2)  # [..., NG, D]
+    if full:
+        whole = x[..., : full * group_size, :].unflatten(-2, (full, group_size))  # [..., NG, G, D], a view of x
+        whole.mul_(scale[..., :full, None, :]).add_(zero[..., :full, None, :])
+    if full * group_size < tokens:
+        x[..., full * group_size:, :].mul_(scale[..., full:, :]).add_(zero[..., full:, :])
+    return x
 
 
 def _chunking(bits: int) -> tuple[int, int]:

@@ -9,8 +9,9 @@ import torch
 
 from kvstore.address import chunk_address
 from kvstore.block import BlockShapeError, decode_block, encode_block, frame_block
-from kvstore.codecs import CodecError, make_codec
+from kvstore.codecs import CodecError, make_codec, quant
 from kvstore.codecs.allocation import allocate, distortion, parse_plan, plan_string
+from kvstore.codecs.planned import width_groups
 from kvstore.kv import ChunkKV
 
 LEVELS = (2, 3, 4, 8)
@@ -70,6 +71,24 @@ def test_wider_channels_are_stored_more_exactly_and_the_bytes_follow_the_plan():
     uniform = make_codec("wk4v3")  # 4 bits each: 2 + 8 average to 5, so the plan costs one bit a channel more
     extra = codec.payload_size((2, 3, 20, 64)) - uniform.payload_size((2, 3, 20, 64))
     assert extra == 2 * 3 * 64 * 20 // 8
+
+
+def test_keys_decode_to_the_per_channel_formula_bit_for_bit():
+    """Under a plan of every width, at a token count that is not a multiple of 8 (whole key groups and a short
+    last one): each key channel decodes to code * scale + zero of its own group, exactly, in its place."""
+    shape = (2, 3, 21, 64)
+    kv = _kv(shape, seed=3).with_rope(True)
+    widths = torch.tensor(LEVELS * 16).repeat(2, 3, 1)[..., torch.randperm(64, generator=torch.Generator().manual_seed(1))]
+    codec = make_codec("wk4v3", key_plan=plan_string(widths), key_group=8)
+    parts = codec.encode_parts(kv.keys, kv.values)
+    keys, _ = codec.decode(codec.encode(kv.keys, kv.values), shape, torch.float32)
+    channels = torch.empty(2 * 3 * 64, 21)  # [C, T]
+    for k, (bits, idx) in enumerate(width_groups(codec.key_plan, 2, 3, 64)):
+        codes, scale, zero = parts[3 * k: 3 * k + 3]  # [R, T, bits], [R, 8, NG], [R, 8, NG]
+        q = quant.unpack_bits(codes, bits).transpose(1, 2).float()  # [R, 8, T]
+        x = q * quant._expand_groups(scale.float(), 8, 21) + quant._expand_groups(zero.float(), 8, 21)
+        channels[idx] = x.reshape(-1, 21)[: idx.numel()]
+    assert torch.equal(keys, channels.view(2, 3, 64, 21).transpose(2, 3))
 
 
 def test_a_block_carries_its_plan_and_plans_are_part_of_the_address():
