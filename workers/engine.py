@@ -30,6 +30,7 @@ from workers.eviction.chunks import check_ingest_spec, chunk_namespace, compress
 from workers.generate import SamplingParams
 from workers.key_plan import codec_for_model
 from workers.modes import PrefillPlan, plan_for
+from workers.openmp import release_pool
 from workers.paths import default_store_url
 from workers.projections import DEFAULT_PREFILL_KERNEL
 from workers.prompt import build_prompt, template_file, use_template
@@ -128,6 +129,7 @@ class Engine:
         self.shadow = ShadowVerifier(self.runner, decode_weights, config.shadow_sample, adaptive=self.adaptive)
         # continuous batching: the scheduler's one thread runs all model work (prefill, decode, ingest compute)
         self.scheduler = Scheduler(config.batch, self.steps.prefill, self.steps.decode)
+        release_pool()  # this thread's OpenMP workers (model load, decode weights) would slow the scheduler's
 
     # -- chunks ---------------------------------------------------------------
     def tokenize_chunk(self, text: str, field_name: str) -> list[int]:

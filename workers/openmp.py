@@ -6,8 +6,9 @@ spinning after a parallel region almost at once (its "throttled" wait, ~100 spin
 its workers through the kernel. The engine computes on its scheduler's thread, but the thread that built
 it loaded the model and packed the decode weights, so on the 2-core box the process held two pools from
 the first request on. Measured side by side (research/results/2026-12-07-eighth/): a blend@0.15 prefill
-took 342 ms with one pool and 497 ms with two, a stored block's decode 3.6 against 6.1 ms; a full prefill,
-whose GEMMs are large, 4% more.
+took 8-45% longer with two pools than with one (four runs), plain reuse 9-20%, a stored block's decode
+3.6 against 6.1 ms; a full prefill, whose GEMMs are large, no longer. In `ragkv bench blend`: reuse
+0.178 -> 0.126 s, blend at 0.15 / 0.3 / 0.5 9% / 15% / 10% less.
 
 `release_pool()` is OpenMP 5.0's omp_pause_resource_all(omp_pause_soft) on the runtime torch already
 loaded: the calling thread's workers exit; its next parallel region, if any, starts a new pool.
