@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import ctypes
 import os
-from functools import lru_cache
 from pathlib import Path
 
 RUNTIMES = ("libgomp", "libomp", "libiomp5")  # GNU (torch's Linux wheels), LLVM, Intel
 OMP_PAUSE_SOFT = 1
+_FOUND: list = []  # omp_pause_resource_all, once found (a miss is looked for again: torch may load later)
 
 
-@lru_cache(maxsize=1)
 def _pause():
-    """omp_pause_resource_all of the OpenMP runtime this process has loaded, or None (none loaded, no such
+    """omp_pause_resource_all of the OpenMP runtime this process has loaded, or None (none loaded yet, no such
     symbol, no /proc: not Linux). Never loads a runtime of its own (RTLD_NOLOAD)."""
+    if _FOUND:
+        return _FOUND[0]
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
@@ -42,6 +43,7 @@ def _pause():
         except (OSError, AttributeError):
             continue
         pause.argtypes, pause.restype = (ctypes.c_int,), ctypes.c_int
+        _FOUND.append(pause)
         return pause
     return None
 
