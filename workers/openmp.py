@@ -8,10 +8,12 @@ it loaded the model and packed the decode weights, so on the 2-core box the proc
 the first request on. Measured side by side (research/results/2026-12-07-eighth/): a blend@0.15 prefill
 took 8-45% longer with two pools than with one (four runs), plain reuse 9-20%, a stored block's decode
 3.6 against 6.1 ms; a full prefill, whose GEMMs are large, no longer. In `ragkv bench blend`: reuse
-0.178 -> 0.126 s, blend at 0.15 / 0.3 / 0.5 9% / 15% / 10% less.
+0.178 -> 0.126 s, blend at 0.15 / 0.3 / 0.5 9% / 15% / 10% less. (Scheduler.call's docstring has the same
+effect on decode steps, which is why ingest's compute already ran on the scheduler's thread.)
 
 `release_pool()` is OpenMP 5.0's omp_pause_resource_all(omp_pause_soft) on the runtime torch already
-loaded: the calling thread's workers exit; its next parallel region, if any, starts a new pool.
+loaded: the calling thread's workers exit; its next parallel region, if any, starts a new pool. Model
+work an engine's caller needs done goes to the scheduler's thread instead (Scheduler.call), as ingest's does.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from ragkv.bench.rag_dataset import make_queries
 from workers.cache import KVCache
 from workers.generate import SamplingParams, decode
 from workers.modes import PREFILL_MODES as MODES
-from workers.openmp import release_pool
 from workers.prompt import build_prompt
 from workers.requests import GenerateRequest
 from workers.rope import rerotate_keys
@@ -144,8 +143,8 @@ def run_one(engine, num_chunks: int, chunk_tokens: int, num_queries: int, max_ne
         layout = build_prompt(engine.runner.tokenizer, "", [engine.runner.tokenize(c) for c in query.chunks],
                               query.question)
         assert layout.token_ids == result.prompt_token_ids, "codec_only must run on the modes' own prompt"
-        text = codec_only_text(engine.runner, layout, round_trip, max_new_tokens)
-        release_pool()  # that ran on this thread: its OpenMP workers would slow the engine's (workers/openmp.py)
+        # on the engine's thread, as all model work: a pool of this thread's would slow the engine (workers/openmp.py)
+        text = engine.scheduler.call(lambda: codec_only_text(engine.runner, layout, round_trip, max_new_tokens))
         codec_only["correct"] += query.answer in text
         codec_only["agree"] += extract_answer(text) == answers["full"]
         bar.update()
