@@ -37,13 +37,18 @@ def _stored_bytes_table(engine, refs, console) -> None:
 
     # encode freshly computed KV: re-encoding KV decoded from the serving codec would flatter the others
     headers = [h for h in (engine.store.get_header(ref.id) for ref in refs) if h is not None]
-    kvs = [engine.runner.chunk_kv(list(h.token_ids)) for h in headers]
+
+    def sizes_of() -> dict[str, int]:
+        kvs = [engine.runner.chunk_kv(list(h.token_ids)) for h in headers]
+        return {name: sum(len(encode_block(kv, make_codec(name), engine.runner.fingerprint)) for kv in kvs)
+                for name in CODECS}
+
+    # model work on the engine's thread: a second OpenMP pool here would slow the timed requests (workers/openmp.py)
+    sizes = engine.scheduler.call(sizes_of)
     tokens = sum(ref.num_tokens for ref in refs)
     table = Table(title=f"stored: {len(refs)} chunks, {tokens} tokens")
     for column in ("codec", "bytes", "bytes/token", "ratio vs fp16"):
         table.add_column(column, justify="right")
-    sizes = {name: sum(len(encode_block(kv, make_codec(name), engine.runner.fingerprint)) for kv in kvs)
-             for name in CODECS}
     for name, size in sizes.items():
         marker = " (serving)" if name == engine.config.codec else ""
         table.add_row(name + marker, f"{size:,}", f"{size / tokens:,.0f}", f"{sizes['fp16'] / size:.1f}x")
