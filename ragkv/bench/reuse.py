@@ -9,8 +9,8 @@ exact reuse of chunk sequences (workers/sequences.py), side by side in one run.
 
 `full` runs in a namespace of its own, so its exact prefills never feed the tree the others read. Between
 requests the bench waits until the server's idle-time queue is empty, as a server with gaps between
-requests would (`idle_waits_s` says how long that took). The two engines share the process: before a timed
-request, the other one's scheduler hands its OpenMP workers back, so that one pool computes (workers/openmp.py).
+requests would (`idle_waits_s` says how long that took). The two engines share the process; an idle one's
+scheduler has handed its OpenMP workers back, so the one computing holds the only pool (workers/openmp.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from tqdm import tqdm
 
 from ragkv.bench.quality.families import answer_found
 from ragkv.bench.workloads import leading_overlap, same_documents, zipf_requests
-from workers.openmp import release_pool
 from workers.requests import GenerateRequest
 
 MODES = ("full", "blend", "tree+blend")
@@ -40,13 +39,6 @@ class Row:
         self.sequence_chunks.append(result.stats.get("sequence_chunks", 0))
 
 
-def alone(engine, engines) -> None:
-    """Before a timed request on `engine`: every other engine's scheduler thread releases its OpenMP pool."""
-    for other in engines:
-        if other is not engine:
-            other.scheduler.call(release_pool)
-
-
 def _summary(rows: dict[str, Row], count: int, idle: list[float]) -> dict:
     median = {mode: statistics.median(row.ttft) for mode, row in rows.items()}
     return {"queries": count, "ttft_s": median,
@@ -59,26 +51,21 @@ def _summary(rows: dict[str, Row], count: int, idle: list[float]) -> dict:
             "idle_waits_s": statistics.median(idle) if idle else 0.0}
 
 
-def same_docs(tree_client, plain_client, tree_engine, plain_engine, count_tokens, count: int,
-              chunk_tokens: int = 122, progress: bool = True, max_new_tokens: int = MAX_NEW_TOKENS,
+def same_docs(tree_client, plain_client, tree_engine, count_tokens, count: int, chunk_tokens: int = 122,
+              progress: bool = True, max_new_tokens: int = MAX_NEW_TOKENS,
               recompute_ratio: float | None = None) -> dict:
-    """`tree_client` / `plain_client`: SDK clients of servers with / without the sequence tree (the engines
-    behind them: `tree_engine`, `plain_engine`)."""
-    engines = (tree_engine, plain_engine)
+    """`tree_client` / `plain_client`: SDK clients of servers with / without the sequence tree."""
     pairs = same_documents(count, count_tokens, chunk_tokens=chunk_tokens)
     rows, idle = {mode: Row() for mode in MODES}, []
     blend = dict(recompute_ratio=recompute_ratio)  # None: the server's setting
     for first, second in tqdm(pairs, desc="same documents, another question", disable=not progress):
         ask = dict(chunks=list(second.chunks), max_new_tokens=max_new_tokens)
-        alone(tree_engine, engines)
         full = tree_client.generate(second.question, mode="full", namespace="bench-full", **ask)
         for client in (tree_client, plain_client):  # the app's first question over these documents
             client.generate(first.question, chunks=list(first.chunks), max_new_tokens=max_new_tokens, **blend)
         idle.append(tree_engine.scheduler.wait_idle(IDLE_TIMEOUT_S))
         rows["full"].add(full, second.answer, full.token_ids)
-        alone(plain_engine, engines)
         rows["blend"].add(plain_client.generate(second.question, **ask, **blend), second.answer, full.token_ids)
-        alone(tree_engine, engines)
         rows["tree+blend"].add(tree_client.generate(second.question, **ask, **blend), second.answer, full.token_ids)
     return {"workload": "same-docs", "api": "grpc (SDK)", **_summary(rows, len(pairs), idle)}
 
@@ -90,13 +77,9 @@ def zipf(tree_engine, plain_engine, count_tokens, count: int, chunk_tokens: int 
     for request in tqdm(requests, desc="zipf-popular chunks", disable=not progress):
         ask = dict(question=request.question, chunks=request.chunks, max_new_tokens=max_new_tokens)
         blend = dict(recompute_ratio=recompute_ratio)  # None: the engine's setting
-        engines = (tree_engine, plain_engine)
-        alone(tree_engine, engines)
         full = tree_engine.generate(GenerateRequest(**ask, mode="full", namespace="bench-full"))
         rows["full"].add(full, request.answer, full.token_ids)
-        alone(plain_engine, engines)
         rows["blend"].add(plain_engine.generate(GenerateRequest(**ask, **blend)), request.answer, full.token_ids)
-        alone(tree_engine, engines)
         rows["tree+blend"].add(tree_engine.generate(GenerateRequest(**ask, **blend)), request.answer, full.token_ids)
         idle.append(tree_engine.scheduler.wait_idle(IDLE_TIMEOUT_S))
     overlap = leading_overlap(requests)
@@ -129,8 +112,8 @@ def run(workload: str, count: int, model: str = "default", codec: str | None = N
             try:
                 with RagKVClient(f"127.0.0.1:{servers[0].port}", timeout=600) as tree_client, \
                         RagKVClient(f"127.0.0.1:{servers[1].port}", timeout=600) as plain_client:
-                    out = same_docs(tree_client, plain_client, tree, plain, count_tokens, count, chunk_tokens,
-                                    progress, max_new_tokens, recompute_ratio)
+                    out = same_docs(tree_client, plain_client, tree, count_tokens, count, chunk_tokens, progress,
+                                    max_new_tokens, recompute_ratio)
             finally:
                 for server in servers:
                     server.server.stop(0)

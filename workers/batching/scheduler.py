@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 from workers.batching.linear import DEFAULT_DECODE_KERNEL
 from workers.batching.sequence import Sequence
 from workers.errors import Cancelled, ResourceExhausted
+from workers.openmp import release_pool
 from workers.stats import BatchStats
 
 log = logging.getLogger("ragkv.scheduler")
@@ -72,6 +73,7 @@ class Scheduler:
         self._driver_thread: threading.Thread | None = None  # the one thread that runs model work
         self.tasks: deque[tuple[Callable[[], object], Future]] = deque()  # call(): work between steps
         self._collected_at = 0  # stats.steps at the last idle garbage collection
+        self._worked = False  # model work ran since this thread last handed its OpenMP workers back
         # defer(): idle-time jobs, each a generator run one step at a time while no request waits or runs
         self.background: deque[Iterator[None]] = deque()
 
@@ -167,6 +169,11 @@ class Scheduler:
                 # them around, Python's collector ran during decode steps and slowed them by ~15%)
                 gc.collect()
                 self._collected_at = self.stats.steps
+            if self._worked and not (self.waiting or self.running or self.tasks or self.background):
+                # nothing left to do: this thread's OpenMP workers go, so that another thread's model work (a
+                # second engine, the caller's) runs with the process's only pool (workers/openmp.py)
+                release_pool()
+                self._worked = False
             with self._wake:
                 while not (self.waiting or self.running or self.tasks or self.background or self._closed
                            or (until and until.is_set())):
@@ -193,6 +200,7 @@ class Scheduler:
         """Run the queued calls, admit at most one waiting request (its prefill), then decode every
         running request one token."""
         self.stats.steps += 1
+        self._worked = True
         self._run_tasks()
         seq = self._admit()
         if seq is not None:
@@ -208,6 +216,7 @@ class Scheduler:
             if not self.background:
                 return
             job = self.background[0]
+        self._worked = True
         try:
             next(job)
             return
