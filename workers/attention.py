@@ -5,6 +5,8 @@ The one masking rule: a query at position p sees cached entries at positions in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -76,26 +78,81 @@ def query_blocks(q_positions: torch.Tensor, kv_positions: torch.Tensor, rows: in
     return [(int(end - size), int(end), int(a), int(b)) for end, size, a, b in zip(ends, sizes, firsts, keys)]
 
 
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How `attend` runs one set of query positions over one cache's positions: SDPA's causal path after
+    `pad` zero queries, query blocks (`parts`: first row, end row, first key, end key, and the block's own
+    plan), or one call under an additive mask (0 where visible, -inf elsewhere: what SDPA makes of a bool
+    mask, so the results are the same bit for bit). Made once (`plan_attention`); every layer whose queries,
+    cache positions, window and per-head mask are the same runs it (`PlanMemo`)."""
+
+    pad: int | None = None
+    mask: torch.Tensor | None = None  # [1, Hq or 1, S, T] additive, in the queries' dtype
+    parts: tuple[tuple[int, int, int, int, "AttentionPlan"], ...] = ()
+
+    def run(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+        """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
+        if self.parts:  # each block of queries over the keys it can see
+            return torch.cat([plan.run(q[:, a:b], keys[:, lo:hi], values[:, lo:hi], scale)
+                              for a, b, lo, hi, plan in self.parts])
+        num_heads, seq, head_dim = q.shape
+        if self.pad:  # zero queries in front, their rows dropped: [Hq, pad + S, D]
+            q = torch.cat([q.new_zeros(num_heads, self.pad, head_dim), q], dim=1)
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=self.mask,
+                                             is_causal=self.pad is not None, scale=scale,
+                                             enable_gqa=keys.shape[0] != num_heads)  # [1, Hq, S', D]
+        out = out[:, :, self.pad:] if self.pad else out  # [1, Hq, S, D]
+        return out[0].transpose(0, 1).reshape(seq, num_heads * head_dim)
+
+
+def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_mask: torch.Tensor | None,
+                   num_heads: int, window: int | None, dtype: torch.dtype) -> AttentionPlan:
+    """The cheapest exact way to run the position rule: the causal path when the queries are the newest
+    entries in order (`causal_padding`), query blocks over scattered queries (`query_blocks`), else a mask."""
+    pad = causal_padding(q_positions, kv_positions, window) if head_mask is None else None
+    if pad is not None:
+        return AttentionPlan(pad=pad)
+    blocks = query_blocks(q_positions, kv_positions, window=window)
+    if blocks is not None:
+        return AttentionPlan(parts=tuple(
+            (a, b, lo, hi, plan_attention(q_positions[a:b], kv_positions[lo:hi],
+                                          None if head_mask is None else head_mask[:, lo:hi], num_heads, window, dtype))
+            for a, b, lo, hi in blocks))
+    visible = visibility_mask(q_positions, kv_positions, head_mask, num_heads, window)[None]  # [1, Hq or 1, S, T]
+    return AttentionPlan(mask=torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+                         .masked_fill_(~visible, float("-inf")))
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_positions: torch.Tensor,
            kv_positions: torch.Tensor, scale: float, head_mask: torch.Tensor | None = None,
-           window: int | None = None) -> torch.Tensor:
-    """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
-    num_heads, seq, head_dim = q.shape
-    pad = causal_padding(q_positions, kv_positions, window) if head_mask is None else None
-    blocks = query_blocks(q_positions, kv_positions, window=window) if pad is None else None
-    if blocks is not None:  # each block of queries over the keys it can see: [S, Hq * D]
-        return torch.cat([attend(q[:, a:b], keys[:, lo:hi], values[:, lo:hi], q_positions[a:b], kv_positions[lo:hi],
-                                 scale, None if head_mask is None else head_mask[:, lo:hi], window)
-                          for a, b, lo, hi in blocks])
-    if pad is not None:  # zero queries in front, their rows dropped: [Hq, pad + S, D]
-        q = torch.cat([q.new_zeros(num_heads, pad, head_dim), q], dim=1) if pad else q
-        mask = None
-    else:
-        mask = visibility_mask(q_positions, kv_positions, head_mask, num_heads, window)[None]
-    out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=pad is not None,
-                                         scale=scale, enable_gqa=keys.shape[0] != num_heads)  # [1, Hq, S', D]
-    out = out[:, :, pad:] if pad else out  # [1, Hq, S, D]
-    return out[0].transpose(0, 1).reshape(seq, num_heads * head_dim)
+           window: int | None = None, plan: AttentionPlan | None = None) -> torch.Tensor:
+    """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]. `plan`: made for these
+    positions, mask and window (PlanMemo), else made here."""
+    if plan is None:
+        plan = plan_attention(q_positions, kv_positions, head_mask, q.shape[0], window, q.dtype)
+    return plan.run(q, keys, values, scale)
+
+
+class PlanMemo:
+    """Attention plans for one pass over the layers (blend's recompute): a layer whose query positions and
+    cache positions are the very tensors an earlier layer used, with its window and no per-head mask, runs
+    that layer's plan. The memo holds the tensors it keys on, so no id is reused while it lives. Made per
+    pass, in which no positions tensor is written in place (inference tensors keep no version to check):
+    a pass that picks other rows makes a new query-positions tensor."""
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, tuple[torch.Tensor, torch.Tensor, AttentionPlan]] = {}
+
+    def plan(self, q_positions: torch.Tensor, kv_positions: torch.Tensor, head_mask: torch.Tensor | None,
+             num_heads: int, window: int | None, dtype: torch.dtype) -> AttentionPlan:
+        if head_mask is not None:  # per-layer masks (chunks compressed at ingest): nothing to share
+            return plan_attention(q_positions, kv_positions, head_mask, num_heads, window, dtype)
+        key = (id(q_positions), id(kv_positions), window, num_heads, dtype)
+        hit = self._plans.get(key)
+        if hit is None or hit[0] is not q_positions or hit[1] is not kv_positions:
+            hit = (q_positions, kv_positions, plan_attention(q_positions, kv_positions, None, num_heads, window, dtype))
+            self._plans[key] = hit
+        return hit[2]
 
 
 def attention_weights(q: torch.Tensor, keys: torch.Tensor, q_positions: torch.Tensor, kv_positions: torch.Tensor,

@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from kvstore.kv import ChunkKV
+from workers.attention import PlanMemo
 from workers.cache import KVCache, LayerKV
 from workers.prompt import PromptLayout
 from workers.selection import CHECK_LAYER, SELECTIONS, Selection, SelectionContext, make_selection
@@ -218,10 +219,12 @@ def recompute(runner, layout: PromptLayout, cache: KVCache, computed: torch.Tens
     active = method.start(ctx)  # [A] sorted prompt indices whose hidden states go through the current layer
     hidden = runner.embed(ids[active])  # [A, hidden]
     token_layers = method.extra_token_layers(ctx)
+    plans, at = PlanMemo(), positions[active]  # layers between two choices share their attention plan
     for layer in range(runner.shape.num_layers):
         keep = method.keep(layer, ctx, hidden, active)
         if keep is not None:
             hidden, active = hidden[torch.searchsorted(active, keep)], keep
-        hidden = runner.layer_forward(layer, hidden, positions[active], cache, slots=active, observer=observer)
+            at = positions[active]
+        hidden = runner.layer_forward(layer, hidden, at, cache, slots=active, observer=observer, plans=plans)
         token_layers += active.numel()
     return Recomputed(hidden[-1:], int(torch.isin(active, candidates).sum()), int(ctx.always.numel()), token_layers)

@@ -25,7 +25,7 @@ import torch
 
 from kvstore.kv import ChunkKV
 from kvstore.rope import RE_ROTATABLE_ROPE_TYPES, RopeTable, apply_rope
-from workers.attention import attend
+from workers.attention import PlanMemo, attend
 from workers.cache import KVCache, LayerKV
 from workers.model import DEFAULT_MODEL, LoadedModel, load_model
 from workers.prompt import use_template
@@ -130,7 +130,7 @@ class ModelRunner:
         self.rope_cache = [RopeTable(f, self.rope_scale, self.dtype) for f in self.rope.tables]  # cos/sin by position
         self._decode_weights: dict[tuple[str, int], object] = {}
         self.kernel = EXACT_PREFILL_KERNEL  # prefill projections (workers/projections.py); with_kernel() for others
-        self.projections: Projections = PREFILL_KERNELS[self.kernel](self.layers)
+        self.projections: Projections = PREFILL_KERNELS[self.kernel](self.layers, self.model.lm_head)
         self._with_kernel: dict[str, "ModelRunner"] = {self.kernel: self}
 
     def with_kernel(self, kernel: str) -> "ModelRunner":
@@ -140,7 +140,7 @@ class ModelRunner:
         if kernel not in self._with_kernel:
             sibling = copy.copy(self)
             sibling.kernel = kernel
-            sibling.projections = PREFILL_KERNELS[kernel](self.layers)
+            sibling.projections = PREFILL_KERNELS[kernel](self.layers, self.model.lm_head)
             self._with_kernel[kernel] = sibling  # the dict is shared: any sibling finds the others
         return self._with_kernel[kernel]
 
@@ -215,8 +215,10 @@ class ModelRunner:
         return q, k, v.transpose(0, 1)
 
     def layer_forward(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                      slots: torch.Tensor | None = None, observer: AttentionObserver | None = None) -> torch.Tensor:
-        """One decoder layer. New K/V are appended to the cache, or written over `slots` [S] when given."""
+                      slots: torch.Tensor | None = None, observer: AttentionObserver | None = None,
+                      plans: PlanMemo | None = None) -> torch.Tensor:
+        """One decoder layer. New K/V are appended to the cache, or written over `slots` [S] when given.
+        `plans`: attention plans shared by the layers of one pass (attention.PlanMemo)."""
         block = self.layers[layer]
         q, k, v = self.qkv(layer, block.input_layernorm(hidden), positions)
         if slots is None:
@@ -227,8 +229,9 @@ class ModelRunner:
             kv.values[:, slots] = v
         if observer is not None:
             observer(layer, q, positions, kv)
-        out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask,
-                     self.windows[layer])
+        window = self.windows[layer]
+        plan = None if plans is None else plans.plan(positions, kv.positions, kv.head_mask, q.shape[0], window, q.dtype)
+        out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask, window, plan)
         out = self.projections.o(layer, out)
         if self.sandwich_norms:  # Gemma: h += norm(attn); h += norm(mlp(norm(h)))
             hidden = hidden + block.post_attention_layernorm(out)
@@ -239,7 +242,7 @@ class ModelRunner:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden] -> logits [S, vocab] (fp32)."""
-        return self.model.lm_head(self.model.model.norm(hidden)).float()
+        return self.projections.head(self.model.model.norm(hidden))
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from workers.attention import attend, causal_padding, query_blocks, visibility_mask
+from workers.attention import PlanMemo, attend, causal_padding, plan_attention, query_blocks, visibility_mask
 
 
 def _masked(q, k, v, qp, kp, scale, window=None):
@@ -103,3 +103,66 @@ def test_a_sliding_window_sees_only_its_last_window_positions():
     k2[:, :t - 64 - window] = 100.0
     torch.testing.assert_close(attend(q[:, -64:], k2, v, kp[-64:], kp, 0.125, window=window),
                                attend(q[:, -64:], k, v, kp[-64:], kp, 0.125, window=window))
+
+
+def test_an_additive_mask_gives_the_bool_masks_result_bit_for_bit():
+    """A plan's mask is what SDPA makes of a bool mask (0 where visible, -inf elsewhere), so a plan made once
+    and run by many layers computes exactly what one masked call per layer computed."""
+    torch.manual_seed(2)
+    t = 300
+    k, v, kp = torch.randn(3, t, 64), torch.randn(3, t, 64), torch.arange(t)
+    qp = torch.sort(torch.randperm(t)[:40]).values  # fewer than a block: one masked call
+    q = torch.randn(9, qp.numel(), 64)
+    plan = plan_attention(qp, kp, None, 9, None, q.dtype)
+    assert plan.mask is not None and not plan.parts and plan.mask.dtype == q.dtype
+    assert torch.equal(plan.run(q, k, v, 0.125), _masked(q, k, v, qp, kp, 0.125))
+    held = torch.rand(3, t) > 0.3
+    held[:, 0] = True
+    assert torch.equal(plan_attention(qp, kp, held, 9, None, q.dtype).run(q, k, v, 0.125),
+                       _masked_heads(q, k, v, qp, kp, 0.125, held))
+    window = 50
+    assert torch.equal(plan_attention(qp, kp, None, 9, window, q.dtype).run(q, k, v, 0.125),
+                       _masked(q, k, v, qp, kp, 0.125, window))
+
+
+def test_a_plan_memo_shares_a_plan_only_between_the_same_positions():
+    kp, qp = torch.arange(600), torch.arange(0, 600, 3)
+    memo = PlanMemo()
+    first = memo.plan(qp, kp, None, 9, None, torch.float32)
+    assert first.parts and memo.plan(qp, kp, None, 9, None, torch.float32) is first  # the next layer's
+    assert memo.plan(qp.clone(), kp, None, 9, None, torch.float32) is not first  # other tensors, equal or not
+    assert memo.plan(qp, kp, None, 9, 64, torch.float32) is not first  # a sliding-window layer
+    held = torch.ones(3, 600, dtype=torch.bool)
+    assert memo.plan(qp, kp, held, 9, None, torch.float32) is not memo.plan(qp, kp, held, 9, None, torch.float32)
+    assert memo.plan(qp, kp, None, 9, None, torch.float32) is first  # still
+
+
+def test_blend_with_shared_plans_equals_one_plan_per_layer(runner):
+    """blend.recompute shares one attention plan between the layers of a pass: the logits are those of the
+    same pass planning every layer on its own, bit for bit."""
+    from workers.blend import BlendConfig
+    from workers.modes import plan_for
+    from workers.pipeline import HeldChunks, run_prefill
+    from workers.prompt import build_prompt
+    import workers.runner as runner_module
+
+    chunks = [f"Note {i}: the depot at Kell {i} opened in {1900 + 7 * i} and keeps {i * 13} carts." for i in range(6)]
+    layout = build_prompt(runner.tokenizer, "", [runner.tokenize(c) for c in chunks], "Which depot keeps 39 carts?")
+    held = HeldChunks(runner.chunk_kv(layout.prefix_ids), [runner.chunk_kv(runner.tokenize(c)) for c in chunks])
+    plan = plan_for("blend", BlendConfig(recompute_ratio=0.5))
+    shared = run_prefill(runner, layout, plan, held)
+    original = runner_module.PlanMemo.plan
+    calls = []
+
+    def fresh(self, *args):
+        calls.append(1)
+        return plan_attention(*args)
+    runner_module.PlanMemo.plan = fresh
+    try:
+        alone = run_prefill(runner, layout, plan, held)
+    finally:
+        runner_module.PlanMemo.plan = original
+    assert len(calls) == runner.shape.num_layers
+    assert torch.equal(shared.logits, alone.logits)
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+               for a, b in zip(shared.cache.layers, alone.cache.layers))

@@ -13,8 +13,8 @@ from ragkv.commands.serve import config_from_args
 from ragkv.config import ServeConfig
 from workers.cache import KVCache
 from workers.engine import Engine, EngineConfig
-from workers.projections import (AUTO, DEFAULT_PREFILL_KERNEL, EXACT_PREFILL_KERNEL, PREFILL_KERNELS, kernel_fingerprint,
-                                native_bf16, prefill_kernel_names, resolve_prefill_kernel)
+from workers.projections import (AUTO, DEFAULT_PREFILL_KERNEL, EXACT_PREFILL_KERNEL, PREFILL_KERNELS, Bf16Matrix,
+                                kernel_fingerprint, native_bf16, prefill_kernel_names, resolve_prefill_kernel)
 
 TEXT = ("The lighthouse on Varrow Point was built in 1871. Its keeper, Ada Penhallow, kept a log of every ship "
         "that passed. The secret code of the archive is 48213. Question: what is the secret code? Answer:")
@@ -52,6 +52,29 @@ def test_bf16_projections_are_close_to_the_modules(runner):
             assert (got - want).norm() / want.norm() < 1e-2
         want = runner.projections.mlp(layer, x)
         assert (fast.mlp(layer, x) - want).norm() / want.norm() < 2e-2
+
+
+@pytest.mark.skipif(not native_bf16("cpu"), reason="oneDNN packs bf16 weights only where the CPU multiplies bf16")
+def test_packed_bf16_weights_give_f_linear_bit_for_bit(runner):
+    """oneDNN's packed layout changes how the weight is read, not the products: every row count a prefill uses
+    (1 row: a logits call; a blend's few; a full prefill's many) gives F.linear's result exactly."""
+    weight = runner.model.model.layers[3].mlp.gate_proj.weight
+    matrix = Bf16Matrix.cast(weight)
+    assert matrix.packed
+    plain = weight.detach().to(torch.bfloat16)
+    for rows in (1, 7, 65, 300):
+        x = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        assert torch.equal(matrix(x), torch.nn.functional.linear(x, plain))
+
+
+def test_bf16_head_is_close_to_the_models(runner):
+    """The bf16 kernel's LM head (the tied embedding cast to bf16) against the model's fp32 one."""
+    hidden = runner.model.model.norm(torch.randn(3, runner.shape.hidden_size, generator=torch.Generator().manual_seed(0)))
+    want = runner.projections.head(hidden)
+    got = runner.with_kernel("bf16").projections.head(hidden)
+    assert got.dtype == torch.float32 and got.shape == want.shape == (3, runner.shape.vocab_size)
+    assert (got - want).norm() / want.norm() < 1e-2
+    assert torch.equal(want, runner.model.lm_head(hidden).float())  # fp32: the module itself
 
 
 def test_bf16_prefill_keeps_the_next_token_distribution(runner):
