@@ -52,30 +52,49 @@ def causal_padding(q_positions: torch.Tensor, kv_positions: torch.Tensor, window
     return pad
 
 
-def query_blocks(q_positions: torch.Tensor, kv_positions: torch.Tensor, rows: int = 64,
-                 window: int | None = None) -> list[tuple[int, int, int, int]] | None:
+BLOCK_GRAIN = 16  # query blocks are cut at multiples of this many rows (and at the last row)
+# what one more SDPA call costs, in key-rows (a query row against one cached entry, all heads): chosen by
+# timing blend's prefill through stored chunks at 800 / 1500 / 3000 / 6000 (and fixed 64-row blocks) on the
+# AVX512-BF16 box, two alternated runs; 3000 was among the fastest at 0.15, 0.3 and 0.5 in both
+# (research/results/2026-12-07-ninth/ab_blocks.py). More than dispatch alone (~25 us, ~1,200 key-rows): a
+# block under 33 rows also leaves one of two cores idle part of the time (SDPA splits its work by head)
+CALL_COST = 3000
+
+
+def query_blocks(q_positions: torch.Tensor, kv_positions: torch.Tensor, window: int | None = None,
+                 grain: int = BLOCK_GRAIN, call_cost: int = CALL_COST) -> list[tuple[int, int, int, int]] | None:
     """Blocks of queries, each with the range of cache entries it can see: [(first row, end row, first key,
     end key)], or None.
 
     When queries are scattered over a long cache (blend's selected tokens), one SDPA call over every
-    key computes S x T scores, most of them masked. Cut into blocks of `rows` queries in position order,
-    a block needs only the keys up to its last query's position (and, under a sliding window, from its
-    first query's window start). Only for one position row sorted on both sides, and only when it saves
-    at least a quarter of the scores."""
+    key computes S x T scores, most of them masked. Cut into blocks in position order, a block needs only
+    the keys up to its last query's position (and, under a sliding window, from its first query's window
+    start). The cuts (at multiples of `grain` rows) minimise the key-rows computed plus `call_cost` a block,
+    by dynamic programming over the cut points; None when one call costs no more. Only for one position row
+    sorted on both sides."""
     seq, total = q_positions.numel(), kv_positions.numel()
-    if kv_positions.dim() != 1 or seq <= rows or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
+    if kv_positions.dim() != 1 or seq <= grain or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
         return None
     if not bool((q_positions[1:] >= q_positions[:-1]).all()):
         return None
-    ends = torch.arange(rows, seq + rows, rows).clamp(max=seq)  # [B] end row of each block
-    sizes = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
-    keys = torch.searchsorted(kv_positions, q_positions[ends - 1], right=True)  # [B] end key of each block
-    firsts = torch.zeros_like(keys)  # [B] first key of each block
+    cuts = torch.cat([torch.arange(0, seq, grain), torch.tensor([seq])])  # [C] candidate block bounds
+    ends = torch.searchsorted(kv_positions, q_positions[cuts[1:] - 1], right=True).tolist()  # end key, by end cut
+    firsts = [0] * (len(cuts) - 1)  # first key, by start cut
     if window is not None:
-        firsts = torch.searchsorted(kv_positions, q_positions[ends - sizes] - window + 1)
-    if int((sizes * (keys - firsts)).sum()) > 0.75 * seq * total:
+        firsts = torch.searchsorted(kv_positions, q_positions[cuts[:-1]] - window + 1).tolist()
+    cuts = cuts.tolist()
+    best, back = [0] + [None] * (len(cuts) - 1), [0] * len(cuts)  # cheapest cost of rows [0, cuts[j])
+    for j in range(1, len(cuts)):
+        best[j], back[j] = min((best[i] + (cuts[j] - cuts[i]) * (ends[j - 1] - firsts[i]) + call_cost, i)
+                               for i in range(j))
+    if best[-1] >= seq * (ends[-1] - firsts[0]) + call_cost:
         return None
-    return [(int(end - size), int(end), int(a), int(b)) for end, size, a, b in zip(ends, sizes, firsts, keys)]
+    blocks, j = [], len(cuts) - 1
+    while j > 0:
+        i = back[j]
+        blocks.append((cuts[i], cuts[j], firsts[i], ends[j - 1]))
+        j = i
+    return blocks[::-1] if len(blocks) > 1 else None
 
 
 @dataclass(frozen=True)

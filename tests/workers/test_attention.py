@@ -42,14 +42,34 @@ def _masked_heads(q, k, v, qp, kp, scale, head_mask):
 def test_query_blocks_cut_scattered_queries_to_the_keys_they_see():
     kp = torch.arange(1000)
     scattered = torch.arange(0, 1000, 5)  # 200 queries spread over the cache, as blend's selected tokens
-    blocks = query_blocks(scattered, kp, rows=64)
-    assert [(a, b) for a, b, _, _ in blocks] == [(0, 64), (64, 128), (128, 192), (192, 200)]
-    assert [n for *_, n in blocks] == [316, 636, 956, 996]  # up to each block's last query position
+    blocks = query_blocks(scattered, kp)
+    assert blocks[0][0] == 0 and blocks[-1][1] == 200 and all(b == a for (_, b, *_), (a, *_) in zip(blocks, blocks[1:]))
+    assert all(hi == int(scattered[b - 1]) + 1 for _, b, _, hi in blocks)  # up to each block's last query position
     assert {lo for _, _, lo, _ in blocks} == {0}  # no window: from the first key
-    assert query_blocks(torch.arange(900, 1000), kp, rows=64) is None  # the newest tokens: nothing to save
-    assert query_blocks(scattered[:64], kp, rows=64) is None  # one block
-    assert query_blocks(scattered.flip(0), kp, rows=64) is None  # queries out of order
-    assert query_blocks(scattered, kp[None].expand(3, -1), rows=64) is None  # per-head positions
+    assert all(a % 16 == 0 for a, *_ in blocks)  # cut at multiples of the grain
+    assert query_blocks(torch.arange(900, 1000), kp) is None  # the newest tokens: nothing to save
+    assert query_blocks(scattered[:16], kp) is None  # one grain
+    assert query_blocks(scattered.flip(0), kp) is None  # queries out of order
+    assert query_blocks(scattered, kp[None].expand(3, -1)) is None  # per-head positions
+
+
+def test_query_blocks_are_the_cheapest_cuts():
+    """Against every cut of the rows at the grain (brute force over 2^(n-1) cuts of a small case), the chosen
+    blocks cost least: key-rows plus the call cost per block; and a call cost no block can repay gives None."""
+    import itertools
+
+    kp = torch.arange(400)
+    qp = torch.sort(torch.cat([torch.randperm(360, generator=torch.Generator().manual_seed(3))[:70],
+                               torch.arange(390, 400)])).values  # 80 rows: 5 grains of 16
+    cost = 900
+
+    def price(cuts):
+        return sum((b - a) * (int(qp[b - 1]) + 1) + cost for a, b in zip(cuts, cuts[1:]))
+    grains = list(range(16, 80, 16))
+    best = min(price([0, *inner, 80]) for n in range(len(grains) + 1) for inner in itertools.combinations(grains, n))
+    blocks = query_blocks(qp, kp, call_cost=cost)
+    assert price([0, *[b for _, b, _, _ in blocks]]) == best < 80 * 400 + cost
+    assert query_blocks(qp, kp, call_cost=10**9) is None
 
 
 def test_blocked_attention_equals_the_masked_attention():
@@ -111,7 +131,7 @@ def test_an_additive_mask_gives_the_bool_masks_result_bit_for_bit():
     torch.manual_seed(2)
     t = 300
     k, v, kp = torch.randn(3, t, 64), torch.randn(3, t, 64), torch.arange(t)
-    qp = torch.sort(torch.randperm(t)[:40]).values  # fewer than a block: one masked call
+    qp = torch.sort(torch.randperm(t)[:16]).values  # one grain of rows: one masked call
     q = torch.randn(9, qp.numel(), 64)
     plan = plan_attention(qp, kp, None, 9, None, q.dtype)
     assert plan.mask is not None and not plan.parts and plan.mask.dtype == q.dtype

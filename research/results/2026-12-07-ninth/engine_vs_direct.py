@@ -1,4 +1,4 @@
-"""Is the engine's blend slower than the same pipeline called directly? One process, one engine (disk store,
+"""argv: held | store. Is the engine's blend slower than the same pipeline called directly? One process, one engine (disk store,
 default codec, bf16), the blend bench's first query: alternately (A) engine.generate at gradual@0.15 (its
 stats' breakdown) and (B) run_prefill over the engine's own layout with chunks held in memory, on the
 scheduler's thread (engine.scheduler.call), timed inside."""
@@ -27,8 +27,13 @@ print("engine prompt tokens", res.stats.get("prompt_tokens") if isinstance(res.s
 held = eng.scheduler.call(lambda: HeldChunks(r.chunk_kv(layout.prefix_ids), [r.chunk_kv(r.tokenize(c)).with_rope(True) for c in q.chunks]))
 plan = plan_for("blend", setting)
 
+SOURCE = sys.argv[1] if len(sys.argv) > 1 else "held"  # held: KV in memory; store: the engine's own source
+
+
 def direct():
-    t = time.perf_counter(); out = run_prefill(r, layout, plan, held); return time.perf_counter() - t, out.stats
+    source = held if SOURCE == "held" else eng.chunks.for_request("", [None] * len(q.chunks), lambda: False)
+    t = time.perf_counter(); out = run_prefill(r, layout, plan, source, eng.config.chunk_form)
+    return time.perf_counter() - t, out.stats
 A, B, AL, BL = [], [], [], []
 for i in range(8):
     res = eng.generate(req)
