@@ -1,8 +1,10 @@
 """A/B in one process, alternated, now that blocks and masks are planned once per pass: query blocks of 64 rows
 (the default) against 32 and 48. The blend bench's first prompt, held KV, bf16. argv: chunk_tokens rounds."""
+from pathlib import Path
 import statistics, sys, time, torch
 import workers.attention as attention
-from bench_prompt import bench_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-12-07-eighth"))  # the eighth session's prompt helper
+from bench_prompt import bench_prompt  # noqa: E402
 from workers.blend import BlendConfig
 from workers.modes import plan_for
 from workers.pipeline import run_prefill

@@ -1,8 +1,10 @@
 """A/B in one process, alternated: the bf16 kernel with plain weights through F.linear and the model's fp32 LM
 head (before) against oneDNN-packed weights and a bf16 LM head (after). The blend bench's first prompt,
 held KV; TTFT of each mode, median of ROUNDS."""
+from pathlib import Path
 import copy, statistics, sys, time, torch
-from bench_prompt import bench_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-12-07-eighth"))  # the eighth session's prompt helper
+from bench_prompt import bench_prompt  # noqa: E402
 from workers.blend import BlendConfig
 from workers.modes import plan_for
 from workers.pipeline import run_prefill

@@ -1,8 +1,10 @@
 """A/B in one process, alternated: blend's recompute planning attention at every layer (before) against one
 plan shared by the layers of a pass (after, attention.PlanMemo). The blend bench's first prompt, held KV, bf16."""
+from pathlib import Path
 import statistics, sys, time, torch
 import workers.blend as blend
-from bench_prompt import bench_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-12-07-eighth"))  # the eighth session's prompt helper
+from bench_prompt import bench_prompt  # noqa: E402
 from workers.attention import PlanMemo, plan_attention
 from workers.blend import BlendConfig
 from workers.modes import plan_for

@@ -1,5 +1,8 @@
+import sys
+from pathlib import Path
 import copy, time, torch
-from bench_prompt import bench_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-12-07-eighth"))  # the eighth session's prompt helper
+from bench_prompt import bench_prompt  # noqa: E402
 from workers.blend import BlendConfig
 from workers.modes import plan_for
 from workers.pipeline import run_prefill

@@ -1,7 +1,10 @@
 """A decode step's time against its batch size (avx2 kernel, ~1,116-token caches, bf16 prefill kernel), on one
 thread that owns the only OpenMP pool, with the parts: layers vs lm_head."""
+import sys
+from pathlib import Path
 import copy, time, statistics, torch
-from bench_prompt import bench_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-12-07-eighth"))  # the eighth session's prompt helper
+from bench_prompt import bench_prompt  # noqa: E402
 from workers.blend import BlendConfig
 from workers.modes import plan_for
 from workers.pipeline import run_prefill

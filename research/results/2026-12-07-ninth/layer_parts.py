@@ -1,7 +1,9 @@
 """One recomputing layer at blend@0.15's size (185 scattered rows over a 1,116-token fused cache), split into
 its parts: the four bf16 GEMMs, attention, and the rest (norms, RoPE, cache writes, casts, residuals)."""
+from pathlib import Path
 import sys, time, statistics, torch
-from bench_prompt import bench_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-12-07-eighth"))  # the eighth session's prompt helper
+from bench_prompt import bench_prompt  # noqa: E402
 from workers.blend import BlendConfig
 from workers.modes import plan_for
 from workers.pipeline import run_prefill
