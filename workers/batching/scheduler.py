@@ -145,8 +145,10 @@ class Scheduler:
     def run(self, until: threading.Event) -> None:
         """Drive the loop on the calling thread until `until` is set and the batch is empty.
 
-        `ragkv serve` claims the process's main thread before it listens and runs the loop there:
-        torch's OpenMP pool runs a decode step about twice as fast there as on a second thread."""
+        `ragkv serve` claims the process's main thread before it listens and runs the loop there. That was
+        once measured as twice as fast as a second thread; the cause was a second OpenMP pool (workers/openmp.py),
+        and with one pool a decode step takes the same time on either (9.8-11.6 against 11.1-11.3 ms a step,
+        research/results/2026-12-07-ninth/decode_thread.py)."""
         if not self.claim():  # a thread of its own already drives it
             while not until.wait(IDLE_WAIT_S):
                 pass
