@@ -59,19 +59,22 @@ BLOCK_GRAIN = 16  # query blocks are cut at multiples of this many rows (and at 
 # (research/results/2026-12-07-ninth/ab_blocks.py). More than dispatch alone (~25 us, ~1,200 key-rows): a
 # block under 33 rows also leaves one of two cores idle part of the time (SDPA splits its work by head)
 CALL_COST = 3000
+MAX_BLOCK_ROWS = 256  # a block spans at most this many rows: the search stays linear in the rows (and SDPA's
+# causal-free path gains nothing from longer blocks: its own query splits are 32-256 rows)
 
 
 def query_blocks(q_positions: torch.Tensor, kv_positions: torch.Tensor, window: int | None = None,
-                 grain: int = BLOCK_GRAIN, call_cost: int = CALL_COST) -> list[tuple[int, int, int, int]] | None:
+                 grain: int = BLOCK_GRAIN, call_cost: int = CALL_COST,
+                 max_rows: int = MAX_BLOCK_ROWS) -> list[tuple[int, int, int, int]] | None:
     """Blocks of queries, each with the range of cache entries it can see: [(first row, end row, first key,
     end key)], or None.
 
     When queries are scattered over a long cache (blend's selected tokens), one SDPA call over every
     key computes S x T scores, most of them masked. Cut into blocks in position order, a block needs only
     the keys up to its last query's position (and, under a sliding window, from its first query's window
-    start). The cuts (at multiples of `grain` rows) minimise the key-rows computed plus `call_cost` a block,
-    by dynamic programming over the cut points; None when one call costs no more. Only for one position row
-    sorted on both sides."""
+    start). The cuts (at multiples of `grain` rows, blocks of at most `max_rows`) minimise the key-rows
+    computed plus `call_cost` a block, by dynamic programming over the cut points; None when one call costs
+    no more. Only for one position row sorted on both sides."""
     seq, total = q_positions.numel(), kv_positions.numel()
     if kv_positions.dim() != 1 or seq <= grain or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
         return None
@@ -84,9 +87,10 @@ def query_blocks(q_positions: torch.Tensor, kv_positions: torch.Tensor, window: 
         firsts = torch.searchsorted(kv_positions, q_positions[cuts[:-1]] - window + 1).tolist()
     cuts = cuts.tolist()
     best, back = [0] + [None] * (len(cuts) - 1), [0] * len(cuts)  # cheapest cost of rows [0, cuts[j])
+    reach = max(1, max_rows // grain)  # cut points a block may span
     for j in range(1, len(cuts)):
         best[j], back[j] = min((best[i] + (cuts[j] - cuts[i]) * (ends[j - 1] - firsts[i]) + call_cost, i)
-                               for i in range(j))
+                               for i in range(max(0, j - reach), j))
     if best[-1] >= seq * (ends[-1] - firsts[0]) + call_cost:
         return None
     blocks, j = [], len(cuts) - 1

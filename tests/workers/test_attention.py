@@ -72,6 +72,21 @@ def test_query_blocks_are_the_cheapest_cuts():
     assert query_blocks(qp, kp, call_cost=10**9) is None
 
 
+def test_query_blocks_stay_short_over_many_rows():
+    """The newest 2,000 rows after a 6,000-token head (an exact head read from the sequence tree): blocks of
+    at most MAX_BLOCK_ROWS, found quickly, each up to its own last row."""
+    import time
+
+    from workers.attention import MAX_BLOCK_ROWS
+
+    kp, qp = torch.arange(8000), torch.arange(6000, 8000)
+    start = time.perf_counter()
+    blocks = query_blocks(qp, kp)
+    assert time.perf_counter() - start < 0.5  # generous: ~1 ms here (quadratic in the rows without the bound)
+    assert blocks and max(b - a for a, b, _, _ in blocks) <= MAX_BLOCK_ROWS
+    assert all(hi == 6000 + b for _, b, _, hi in blocks)
+
+
 def test_blocked_attention_equals_the_masked_attention():
     torch.manual_seed(0)
     t = 600
