@@ -172,7 +172,10 @@ class Bf16Matrix:
     def cast(cls, weight: torch.Tensor) -> "Bf16Matrix":
         weight = weight.detach().to(torch.bfloat16).contiguous()
         if weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and native_bf16("cpu"):
-            return cls(torch.ops.mkldnn._reorder_linear_weight(weight), True)
+            try:
+                return cls(torch.ops.mkldnn._reorder_linear_weight(weight), True)
+            except RuntimeError:  # a oneDNN build without this layout: the plain weight computes the same
+                pass
         return cls(weight, False)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
