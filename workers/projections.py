@@ -83,6 +83,10 @@ class Projections:
         """-> q [S, Hq * D], k [S, Hkv * D], v [S, Hkv * D]."""
         raise NotImplementedError
 
+    def kv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> k [S, Hkv * D], v [S, Hkv * D]: qkv's k and v, bit for bit, without computing q."""
+        raise NotImplementedError
+
     def o(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -104,6 +108,10 @@ class ModuleProjections(Projections):
     def qkv(self, layer, x):
         attn = self.blocks[layer].self_attn
         return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+
+    def kv(self, layer, x):
+        attn = self.blocks[layer].self_attn
+        return attn.k_proj(x), attn.v_proj(x)
 
     def o(self, layer, x):
         return self.blocks[layer].self_attn.o_proj(x)
@@ -134,6 +142,13 @@ class Bf16Projections(Projections):
         if lay.qkv_bias is not None:
             out = out + lay.qkv_bias
         return out.split(lay.qkv_sizes, dim=-1)
+
+    def kv(self, layer, x):
+        lay = self.layers[layer]
+        out = lay.kv(x.to(torch.bfloat16)).float()  # [S, 2 Hkv D]: the k|v rows, packed on their own
+        if lay.qkv_bias is not None:
+            out = out + lay.qkv_bias[lay.qkv_sizes[0]:]
+        return out.split(lay.qkv_sizes[1:], dim=-1)
 
     def o(self, layer, x):
         return self.layers[layer].o(x.to(torch.bfloat16)).float()
@@ -189,6 +204,7 @@ class _Bf16Layer:
     qkv: Bf16Matrix  # [(Hq + 2 Hkv) D, hidden]
     qkv_bias: torch.Tensor | None  # fp32 (Qwen2)
     qkv_sizes: list[int]  # rows of q, k, v
+    kv: Bf16Matrix  # [2 Hkv D, hidden]: qkv's k|v rows again, for blend's choice of tokens (fresh K/V only)
     o: Bf16Matrix
     gate_up: Bf16Matrix  # [2 I, hidden]: gate rows first
     down: Bf16Matrix
@@ -204,7 +220,8 @@ class _Bf16Layer:
         if attn.q_proj.bias is not None:  # Qwen2
             bias = torch.cat([p.bias for p in projections]).detach().float()
         bf16 = lambda *ws: Bf16Matrix.cast(torch.cat([w.weight.detach() for w in ws]))  # noqa: E731
-        return cls(bf16(*projections), bias, [p.weight.shape[0] for p in projections], bf16(attn.o_proj),
+        return cls(bf16(*projections), bias, [p.weight.shape[0] for p in projections], bf16(*projections[1:]),
+                   bf16(attn.o_proj),
                    bf16(mlp.gate_proj, mlp.up_proj), bf16(mlp.down_proj), mlp.act_fn)
 
 

@@ -209,10 +209,23 @@ class ModelRunner:
         seq, head_dim = normed.shape[0], self.shape.head_dim
         q, k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.qkv(layer, normed))
         if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q = attn.q_norm(q)
         cos, sin = self.rope_cache[self.rope.index[layer]](positions)  # [S, D], scaled, in the model dtype
-        q, k = apply_rope(q.transpose(0, 1), cos, sin), apply_rope(k.transpose(0, 1), cos, sin)
-        return q, k, v.transpose(0, 1)
+        return apply_rope(q.transpose(0, 1), cos, sin), *self._rotated_kv(layer, k, v, cos, sin)
+
+    def kv(self, layer: int, normed: torch.Tensor, positions: torch.Tensor):
+        """normed: [S, hidden] -> k [Hkv, S, D] (RoPE'd at positions), v [Hkv, S, D]: qkv's, bit for bit,
+        without the queries (blend's choice of tokens compares fresh K/V only)."""
+        seq, head_dim = normed.shape[0], self.shape.head_dim
+        k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.kv(layer, normed))
+        return self._rotated_kv(layer, k, v, *self.rope_cache[self.rope.index[layer]](positions))
+
+    def _rotated_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """k, v [S, Hkv, D] -> k normed (Qwen3, Gemma 3) and RoPE'd [Hkv, S, D], v [Hkv, S, D]."""
+        attn = self.layers[layer].self_attn
+        if getattr(attn, "k_norm", None) is not None:
+            k = attn.k_norm(k)
+        return apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
 
     def layer_forward(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                       slots: torch.Tensor | None = None, observer: AttentionObserver | None = None,

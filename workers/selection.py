@@ -122,7 +122,7 @@ def fresh_deviation(ctx: SelectionContext, layer: int, hidden: torch.Tensor, act
     if tokens.numel() == 0:
         return score
     rows = torch.searchsorted(active, tokens)
-    _, fresh_k, fresh_v = runner.qkv(layer, runner.layers[layer].input_layernorm(hidden[rows]), tokens)
+    fresh_k, fresh_v = runner.kv(layer, runner.layers[layer].input_layernorm(hidden[rows]), tokens)
     old_k, old_v = kv.keys[:, tokens], kv.values[:, tokens]
     if kv.head_mask is not None:  # chunks compressed at ingest: a head that dropped a token has nothing to compare
         held = kv.head_mask[:, tokens, None]

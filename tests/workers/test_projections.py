@@ -67,6 +67,20 @@ def test_packed_bf16_weights_give_f_linear_bit_for_bit(runner):
         assert torch.equal(matrix(x), torch.nn.functional.linear(x, plain))
 
 
+@pytest.mark.parametrize("model", ["runner", "gemma_runner"])
+@pytest.mark.parametrize("kernel", ["fp32", "bf16"])
+def test_kv_alone_is_qkvs_k_and_v_bit_for_bit(model, kernel, request):
+    """Blend's choice of tokens takes fresh K/V without the queries (runner.kv): the same K and V as the
+    layer's own qkv, bit for bit, under both kernels and with Gemma 3's k_norm, so the choice is unchanged."""
+    runner = request.getfixturevalue(model).with_kernel(kernel)
+    x = torch.randn(37, runner.shape.hidden_size, generator=torch.Generator().manual_seed(5))
+    positions = torch.arange(100, 137)
+    for layer in (0, runner.shape.num_layers // 2):
+        _, k, v = runner.qkv(layer, x, positions)
+        k_alone, v_alone = runner.kv(layer, x, positions)
+        assert torch.equal(k, k_alone) and torch.equal(v, v_alone)
+
+
 def test_bf16_head_is_close_to_the_models(runner):
     """The bf16 kernel's LM head (the tied embedding cast to bf16) against the model's fp32 one."""
     hidden = runner.model.model.norm(torch.randn(3, runner.shape.hidden_size, generator=torch.Generator().manual_seed(0)))

@@ -51,11 +51,14 @@ for mode, plan in (("full", plan_for("full", BlendConfig())), ("blend@0.15", pla
         for layout in layouts:
             source = eng.chunks.for_request("", [None] * 8, lambda: False)
             t = time.perf_counter()
-            eng.scheduler.call(lambda: run_prefill(r, layout, plan, source, eng.config.chunk_form))
+            out = eng.scheduler.call(lambda: run_prefill(r, layout, plan, source, eng.config.chunk_form))
             total += time.perf_counter() - t
+            for stage, v in out.stats.breakdown.items():
+                acc.setdefault(("stage", stage), 0.0); acc[("stage", stage)] += v
         row = {g: sum(acc.get(("layer", l), 0) for l in ls) / len(layouts) for g, ls in groups.items()}
         row["keep"] = sum(v for (k, _), v in acc.items() if k == "keep") / len(layouts)
         row["total"] = total / len(layouts)
+        row.update({f"stage {k}": v / len(layouts) for (kind, k), v in acc.items() if kind == "stage"})
         rows.append(row)
     res[mode] = {k: statistics.median(r_[k] for r_ in rows) for k in rows[0]}
 for mode, row in res.items():
