@@ -4,7 +4,8 @@ A prefill pushes S tokens through every weight matrix: S x 2 x 135M multiply-add
 model, so on a CPU it is bound by arithmetic, not by reading the weights. Two kernels:
 
     fp32   the model's own modules (nn.Linear in fp32): exactly what transformers computes.
-    bf16   the same weights cast to bf16 once, bf16 activations, fp32 accumulation and outputs.
+    bf16   the same weights cast to bf16 once (the LM head's too; held in oneDNN's packed layout where the
+           CPU has native bf16: Bf16Matrix), bf16 activations, fp32 accumulation and outputs.
            On a CPU with AVX512-BF16 (the 2-core box) a projection takes about a third of fp32's
            time (measured: 3072x576 at 26 rows 0.39 against 1.31 ms; at 200 rows 1.5 against 6.1).
            The default model's weights are 4-bit (GGUF Q4_1), which the decode step already runs
