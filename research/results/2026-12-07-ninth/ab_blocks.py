@@ -3,16 +3,9 @@ source (stored wk4v3 `doc`-form chunks, context drift), on its scheduler's threa
 0, 8, 9), ratios 0.15 / 0.3 / 0.5. Variants: `old` (64-row blocks, only when they save a quarter of one call's
 key-rows: the code before this change), `64` (always when they save), `dp C` (attention.query_blocks: cuts at
 16-row multiples chosen by dynamic programming, C key-rows a call). argv: rounds."""
-import statistics, subprocess, sys, tempfile, time, torch
+import statistics, subprocess, sys
 import workers.attention as attention
-from workers.allocator import retain_freed_memory
-from ragkv.bench.rag_dataset import make_queries
-from workers.blend import BlendConfig
-from workers.engine import Engine, EngineConfig
-from workers.modes import plan_for
-from workers.pipeline import run_prefill
-from workers.prompt import build_prompt
-from workers.requests import GenerateRequest
+from engine_prompts import engine_and_prompts, timed_blend
 
 old_source = subprocess.run(["git", "show", "e29804b:workers/attention.py"], capture_output=True, text=True).stdout
 old_ns = {}
@@ -29,31 +22,18 @@ VARIANTS = {
 }
 variants = {k: VARIANTS[k] for k in (sys.argv[2].split(",") if len(sys.argv) > 2 else VARIANTS)}
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-retain_freed_memory()
-eng = Engine(EngineConfig(store=f"disk:{tempfile.mkdtemp()}", sequence_cache=False))
+eng, prompts = engine_and_prompts()
 r = eng.runner
-prompts = []
-for seed in (0, 8, 9):
-    q = make_queries(1, 8, 128, lambda t: len(r.tokenize(t)), seed=seed)[0]
-    eng.generate(GenerateRequest(question=q.question, chunks=q.chunks, mode="reuse", max_new_tokens=1))
-    prompts.append(build_prompt(r.tokenizer, "", [r.tokenize(c) for c in q.chunks], q.question))
 ratios = (0.15, 0.3, 0.5)
 t = {(v, x): [] for v in variants for x in ratios}
 names = list(variants)
-
-
-def one(layout, ratio):
-    source = eng.chunks.for_request("", [None] * len(layout.chunk_spans), lambda: False)
-    s = time.perf_counter()
-    run_prefill(r, layout, plan_for("blend", BlendConfig(recompute_ratio=ratio)), source, eng.config.chunk_form)
-    return time.perf_counter() - s
 
 
 for i in range(ROUNDS):
     for v in names[i % len(names):] + names[:i % len(names)]:
         attention.query_blocks = variants[v]
         for x in ratios:
-            t[v, x].append(sum(eng.scheduler.call(lambda: one(layout, x)) for layout in prompts) / len(prompts))
+            t[v, x].append(sum(timed_blend(eng, layout, x) for layout in prompts) / len(prompts))
 attention.query_blocks = dp
 print("prompts", [p.num_tokens for p in prompts])
 for x in ratios:

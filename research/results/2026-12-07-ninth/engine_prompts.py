@@ -1,0 +1,35 @@
+"""The set-up the ninth session's engine-side scripts share: an engine over a fresh disk store (default codec,
+`auto` kernel, no sequence tree), the blend bench's prompts (8 chunks of 128 tokens, seeds 0, 8, 9) ingested
+through it, and a blend prefill of one of them over the engine's own stored chunks, timed on its thread."""
+import tempfile, time
+from workers.allocator import retain_freed_memory
+from ragkv.bench.rag_dataset import make_queries
+from workers.blend import BlendConfig
+from workers.engine import Engine, EngineConfig
+from workers.modes import plan_for
+from workers.pipeline import run_prefill
+from workers.prompt import build_prompt
+from workers.requests import GenerateRequest
+
+
+def engine_and_prompts(seeds=(0, 8, 9)):
+    """-> (engine, prompt layouts): each prompt's chunks stored by one plain-reuse request."""
+    retain_freed_memory()
+    eng = Engine(EngineConfig(store=f"disk:{tempfile.mkdtemp()}", sequence_cache=False))
+    r, layouts = eng.runner, []
+    for seed in seeds:
+        q = make_queries(1, 8, 128, lambda t: len(r.tokenize(t)), seed=seed)[0]
+        eng.generate(GenerateRequest(question=q.question, chunks=q.chunks, mode="reuse", max_new_tokens=1))
+        layouts.append(build_prompt(r.tokenizer, "", [r.tokenize(c) for c in q.chunks], q.question))
+    return eng, layouts
+
+
+def timed_blend(eng, layout, ratio: float) -> float:
+    """Seconds of one blend prefill at `ratio` over the engine's stored chunks, on the scheduler's thread."""
+    def one():
+        source = eng.chunks.for_request("", [None] * len(layout.chunk_spans), lambda: False)
+        start = time.perf_counter()
+        run_prefill(eng.runner, layout, plan_for("blend", BlendConfig(recompute_ratio=ratio)), source,
+                    eng.config.chunk_form)
+        return time.perf_counter() - start
+    return eng.scheduler.call(one)
