@@ -73,25 +73,51 @@ def query_blocks(q_positions: torch.Tensor, kv_positions: torch.Tensor, window: 
     key computes S x T scores, most of them masked. Cut into blocks in position order, a block needs only
     the keys up to its last query's position (and, under a sliding window, from its first query's window
     start). The cuts (at multiples of `grain` rows, blocks of at most `max_rows`) minimise the key-rows
-    computed plus `call_cost` a block, by dynamic programming over the cut points; None when one call costs
-    no more. Only for one position row sorted on both sides."""
-    seq, total = q_positions.numel(), kv_positions.numel()
+    computed plus `call_cost` a block (`cheapest_blocks`); None when one call costs no more. Only for one
+    position row sorted on both sides."""
+    bounds = block_bounds(q_positions, kv_positions, window, grain)
+    if bounds is None:
+        return None
+    return cheapest_blocks(bounds, lambda rows, keys: rows * keys + call_cost, max(1, max_rows // grain))
+
+
+@dataclass(frozen=True)
+class BlockBounds:
+    """Where query blocks may start and end: candidate bounds every `grain` rows and what a block between two
+    of them sees."""
+
+    cuts: list[int]  # [C] candidate block bounds, in rows: 0, grain, 2 grain, ..., the last row's end
+    ends: list[int]  # [C - 1] end key of a block ending at cuts[j + 1] (its last query's position, included)
+    firsts: list[int]  # [C - 1] first key of a block starting at cuts[i] (0, or its first query's window start)
+
+
+def block_bounds(q_positions: torch.Tensor, kv_positions: torch.Tensor, window: int | None,
+                 grain: int) -> BlockBounds | None:
+    """The candidate bounds, or None where blocks do not apply: per-head positions, at most one grain of
+    queries, or positions not sorted on both sides."""
+    seq = q_positions.numel()
     if kv_positions.dim() != 1 or seq <= grain or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
         return None
     if not bool((q_positions[1:] >= q_positions[:-1]).all()):
         return None
-    cuts = torch.cat([torch.arange(0, seq, grain), torch.tensor([seq])])  # [C] candidate block bounds
-    ends = torch.searchsorted(kv_positions, q_positions[cuts[1:] - 1], right=True).tolist()  # end key, by end cut
-    firsts = [0] * (len(cuts) - 1)  # first key, by start cut
+    cuts = torch.cat([torch.arange(0, seq, grain), torch.tensor([seq])])
+    ends = torch.searchsorted(kv_positions, q_positions[cuts[1:] - 1], right=True).tolist()
+    firsts = [0] * (len(cuts) - 1)
     if window is not None:
         firsts = torch.searchsorted(kv_positions, q_positions[cuts[:-1]] - window + 1).tolist()
-    cuts = cuts.tolist()
+    return BlockBounds(cuts.tolist(), ends, firsts)
+
+
+def cheapest_blocks(bounds: BlockBounds, cost, reach: int) -> list[tuple[int, int, int, int]] | None:
+    """The blocks (first row, end row, first key, end key) whose summed cost(rows, keys) is least, each
+    spanning at most `reach` candidate bounds, by dynamic programming over the bounds; None when one block
+    of every row costs no more."""
+    cuts, ends, firsts = bounds.cuts, bounds.ends, bounds.firsts
     best, back = [0] + [None] * (len(cuts) - 1), [0] * len(cuts)  # cheapest cost of rows [0, cuts[j])
-    reach = max(1, max_rows // grain)  # cut points a block may span
     for j in range(1, len(cuts)):
-        best[j], back[j] = min((best[i] + (cuts[j] - cuts[i]) * (ends[j - 1] - firsts[i]) + call_cost, i)
+        best[j], back[j] = min((best[i] + cost(cuts[j] - cuts[i], ends[j - 1] - firsts[i]), i)
                                for i in range(max(0, j - reach), j))
-    if best[-1] >= seq * (ends[-1] - firsts[0]) + call_cost:
+    if best[-1] >= cost(cuts[-1], ends[-1] - firsts[0]):
         return None
     blocks, j = [], len(cuts) - 1
     while j > 0:
@@ -129,18 +155,20 @@ class AttentionPlan:
 
 
 def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_mask: torch.Tensor | None,
-                   num_heads: int, window: int | None, dtype: torch.dtype) -> AttentionPlan:
+                   num_heads: int, window: int | None, dtype: torch.dtype, blocks: bool = True) -> AttentionPlan:
     """The cheapest exact way to run the position rule: the causal path when the queries are the newest
-    entries in order (`causal_padding`), query blocks over scattered queries (`query_blocks`), else a mask."""
+    entries in order (`causal_padding`), query blocks over scattered queries (`query_blocks`; not again inside
+    a block: the blocks are the cheapest cuts already), else a mask."""
     pad = causal_padding(q_positions, kv_positions, window) if head_mask is None else None
     if pad is not None:
         return AttentionPlan(pad=pad)
-    blocks = query_blocks(q_positions, kv_positions, window=window)
-    if blocks is not None:
+    cuts = query_blocks(q_positions, kv_positions, window=window) if blocks else None
+    if cuts is not None:
         return AttentionPlan(parts=tuple(
             (a, b, lo, hi, plan_attention(q_positions[a:b], kv_positions[lo:hi],
-                                          None if head_mask is None else head_mask[:, lo:hi], num_heads, window, dtype))
-            for a, b, lo, hi in blocks))
+                                          None if head_mask is None else head_mask[:, lo:hi], num_heads, window,
+                                          dtype, blocks=False))
+            for a, b, lo, hi in cuts))
     visible = visibility_mask(q_positions, kv_positions, head_mask, num_heads, window)[None]  # [1, Hq or 1, S, T]
     return AttentionPlan(mask=torch.zeros(visible.shape, dtype=dtype, device=visible.device)
                          .masked_fill_(~visible, float("-inf")))
