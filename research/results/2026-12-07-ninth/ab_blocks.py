@@ -5,7 +5,7 @@ key-rows: the code before this change), `64` (always when they save), `dp C` (at
 16-row multiples chosen by dynamic programming, C key-rows a call). argv: rounds."""
 import statistics, subprocess, sys
 import workers.attention as attention
-from engine_prompts import engine_and_prompts, timed_blend
+from engine_prompts import alternate, engine_and_prompts
 
 old_source = subprocess.run(["git", "show", "e29804b:workers/attention.py"], capture_output=True, text=True).stdout
 old_ns = {}
@@ -25,15 +25,8 @@ ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 eng, prompts = engine_and_prompts()
 r = eng.runner
 ratios = (0.15, 0.3, 0.5)
-t = {(v, x): [] for v in variants for x in ratios}
 names = list(variants)
-
-
-for i in range(ROUNDS):
-    for v in names[i % len(names):] + names[:i % len(names)]:
-        attention.query_blocks = variants[v]
-        for x in ratios:
-            t[v, x].append(sum(timed_blend(eng, layout, x) for layout in prompts) / len(prompts))
+t = alternate(eng, prompts, names, lambda v: setattr(attention, "query_blocks", variants[v]), ratios, ROUNDS)
 attention.query_blocks = dp
 print("prompts", [p.num_tokens for p in prompts])
 for x in ratios:

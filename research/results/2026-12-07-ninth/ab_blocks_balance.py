@@ -4,7 +4,7 @@ rows into 9 head tasks, which leave one of 2 threads idle a ninth of the time). 
 3 bench prompts, ratios 0.15 / 0.3 / 0.5."""
 import statistics, sys
 import workers.attention as attention
-from engine_prompts import engine_and_prompts, timed_blend
+from engine_prompts import alternate, engine_and_prompts
 
 shipped = attention.query_blocks
 
@@ -22,12 +22,7 @@ ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
 eng, prompts = engine_and_prompts()
 ratios = (0.15, 0.3, 0.5)
 variants = {"shipped": shipped, "balanced": balanced}
-t = {(v, x): [] for v in variants for x in ratios}
-for i in range(ROUNDS):
-    for v in (("shipped", "balanced") if i % 2 == 0 else ("balanced", "shipped")):
-        attention.query_blocks = variants[v]
-        for x in ratios:
-            t[v, x].append(sum(timed_blend(eng, layout, x) for layout in prompts) / len(prompts))
+t = alternate(eng, prompts, variants, lambda v: setattr(attention, "query_blocks", variants[v]), ratios, ROUNDS)
 attention.query_blocks = shipped
 for x in ratios:
     a, b = statistics.median(t["shipped", x]), statistics.median(t["balanced", x])

@@ -33,3 +33,16 @@ def timed_blend(eng, layout, ratio: float) -> float:
                     eng.config.chunk_form)
         return time.perf_counter() - start
     return eng.scheduler.call(one)
+
+
+def alternate(eng, layouts, names, use, ratios, rounds: int) -> dict:
+    """-> {(name, ratio): [seconds]}: per round, each variant in turn (the order rotated every round; `use(name)`
+    puts it in place), each ratio's blend prefill averaged over the prompts."""
+    names = list(names)
+    times = {(name, x): [] for name in names for x in ratios}
+    for i in range(rounds):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            use(name)
+            for x in ratios:
+                times[name, x].append(sum(timed_blend(eng, layout, x) for layout in layouts) / len(layouts))
+    return times
