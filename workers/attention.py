@@ -1,7 +1,11 @@
 """Attention over a KV cache with position-based causal masking (GQA-aware).
 
 The one masking rule: a query at position p sees cached entries at positions in [p - window + 1, p];
-`window` is None (every earlier position) except on sliding-window layers (Gemma 3's local layers)."""
+`window` is None (every earlier position) except on sliding-window layers (Gemma 3's local layers).
+
+How a set of queries runs is planned once (`plan_attention`, shared across a pass's layers by `PlanMemo`): on
+a CPU, in fp32, each row over exactly its own range of entries in one C call (workers/row_attention.py);
+elsewhere SDPA, on its causal path, in query blocks, or under a mask."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from workers import row_attention
 
 
 def visibility_mask(q_positions: torch.Tensor, kv_positions: torch.Tensor,
@@ -129,18 +135,22 @@ def cheapest_blocks(bounds: BlockBounds, cost, reach: int) -> list[tuple[int, in
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """How `attend` runs one set of query positions over one cache's positions: SDPA's causal path after
-    `pad` zero queries, query blocks (`parts`: first row, end row, first key, end key, and the block's own
-    plan), or one call under an additive mask (0 where visible, -inf elsewhere: what SDPA makes of a bool
-    mask, so the results are the same bit for bit). Made once (`plan_attention`); every layer whose queries,
-    cache positions, window and per-head mask are the same runs it (`PlanMemo`)."""
+    """How `attend` runs one set of query positions over one cache's positions: each row over its own range of
+    entries (`ranges`: first and end entry per row, row_attention.c), SDPA's causal path after `pad` zero
+    queries, query blocks (`parts`: first row, end row, first key, end key, and the block's own plan), or one
+    call under an additive mask (0 where visible, -inf elsewhere: what SDPA makes of a bool mask, so the
+    results are the same bit for bit). Made once (`plan_attention`); every layer whose queries, cache
+    positions, window and per-head mask are the same runs it (`PlanMemo`)."""
 
+    ranges: tuple[torch.Tensor, torch.Tensor] | None = None  # [S] int32 first and end entry of each row
     pad: int | None = None
     mask: torch.Tensor | None = None  # [1, Hq or 1, S, T] additive, in the queries' dtype
     parts: tuple[tuple[int, int, int, int, "AttentionPlan"], ...] = ()
 
     def run(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
         """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
+        if self.ranges is not None:
+            return row_attention.attend_rows(q, keys, values, *self.ranges, scale)
         if self.parts:  # each block of queries over the keys it can see
             return torch.cat([plan.run(q[:, a:b], keys[:, lo:hi], values[:, lo:hi], scale)
                               for a, b, lo, hi, plan in self.parts])
@@ -155,10 +165,15 @@ class AttentionPlan:
 
 
 def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_mask: torch.Tensor | None,
-                   num_heads: int, window: int | None, dtype: torch.dtype, blocks: bool = True) -> AttentionPlan:
-    """The cheapest exact way to run the position rule: the causal path when the queries are the newest
-    entries in order (`causal_padding`), query blocks over scattered queries (`query_blocks`; not again inside
-    a block: the blocks are the cheapest cuts already), else a mask."""
+                   num_heads: int, window: int | None, dtype: torch.dtype, blocks: bool = True,
+                   rows: bool = True) -> AttentionPlan:
+    """The cheapest exact way to run the position rule: each row over its own range where the row kernel runs
+    (`row_ranges`; `rows=False` plans for SDPA, the reference), else SDPA: the causal path when the queries
+    are the newest entries in order (`causal_padding`), query blocks over scattered queries (`query_blocks`;
+    not again inside a block: the blocks are the cheapest cuts already), else a mask."""
+    ranges = row_ranges(q_positions, kv_positions, window) if rows and head_mask is None else None
+    if ranges is not None and row_attention.usable(dtype, q_positions.device):
+        return AttentionPlan(ranges=ranges)
     pad = causal_padding(q_positions, kv_positions, window) if head_mask is None else None
     if pad is not None:
         return AttentionPlan(pad=pad)
@@ -167,11 +182,24 @@ def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_m
         return AttentionPlan(parts=tuple(
             (a, b, lo, hi, plan_attention(q_positions[a:b], kv_positions[lo:hi],
                                           None if head_mask is None else head_mask[:, lo:hi], num_heads, window,
-                                          dtype, blocks=False))
+                                          dtype, blocks=False, rows=rows))
             for a, b, lo, hi in cuts))
     visible = visibility_mask(q_positions, kv_positions, head_mask, num_heads, window)[None]  # [1, Hq or 1, S, T]
     return AttentionPlan(mask=torch.zeros(visible.shape, dtype=dtype, device=visible.device)
                          .masked_fill_(~visible, float("-inf")))
+
+
+def row_ranges(q_positions: torch.Tensor, kv_positions: torch.Tensor,
+               window: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each query's visible entries as one range [first, end) of the cache: (first [S], end [S]) int32, or None
+    where they are not one range (per-head positions, positions not increasing) or a query sees nothing."""
+    if kv_positions.dim() != 1 or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
+        return None
+    end = torch.searchsorted(kv_positions, q_positions, right=True)
+    first = torch.zeros_like(end) if window is None else torch.searchsorted(kv_positions, q_positions - window + 1)
+    if not bool((end > first).all()):
+        return None
+    return first.to(torch.int32), end.to(torch.int32)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_positions: torch.Tensor,

@@ -1,7 +1,7 @@
 """Where ragkv keeps its files: one cache directory (RAGKV_CACHE_DIR, default ~/.cache/ragkv).
 
 Under it: models/ (the converted default model), blocks/ (the default disk store), calibration/,
-native/ (the decode kernels built on first use, workers/batching/avx2.py; see native_dirs).
+native/ (the C kernels built on first use, workers/native.py; see native_dirs).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ def cache_dir() -> Path:
 
 
 def native_dirs() -> list[Path]:
-    """Where the decode kernels' compiled library is looked for, in order: prebuilt in the environment
-    (`python -m workers.batching.avx2`, as the container images do), then built on first use in the cache."""
+    """Where the C kernels' compiled libraries are looked for, in order: prebuilt in the environment
+    (`python -m workers.native`, as the container images do), then built on first use in the cache."""
     return [Path(sys.prefix) / "share" / "ragkv" / "native", cache_dir() / "native"]
 
 

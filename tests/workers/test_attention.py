@@ -1,9 +1,27 @@
-"""workers/attention.py: the causal fast path and the query blocks equal the position-masked attention they replace."""
+"""workers/attention.py: every plan (the row kernel, SDPA's causal path, the query blocks) equals the
+position-masked attention it replaces."""
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 import torch.nn.functional as F
 
+from workers import row_attention
 from workers.attention import PlanMemo, attend, causal_padding, plan_attention, query_blocks, visibility_mask
+
+PATHS = ["rows", "sdpa"]  # the row kernel (workers/row_attention.c) and SDPA's plans
+needs_rows = pytest.mark.skipif(row_attention.unavailable() is not None, reason=f"{row_attention.unavailable()}")
+
+
+def _attend(path, q, k, v, qp, kp, scale, head_mask=None, window=None):
+    if path == "rows" and row_attention.unavailable() is not None:
+        pytest.skip(row_attention.unavailable())
+    plan = plan_attention(qp, kp, head_mask, q.shape[0], window, q.dtype, rows=path == "rows")
+    assert (plan.ranges is not None) == (path == "rows" and head_mask is None and q.dtype == torch.float32)
+    return plan.run(q, k, v, scale)
 
 
 def _masked(q, k, v, qp, kp, scale, window=None):
@@ -23,14 +41,16 @@ def test_causal_padding_only_for_the_newest_tokens_in_order():
     assert causal_padding(p[:1], p[:1]) is None
 
 
-def test_causal_fast_path_equals_the_masked_attention():
+@pytest.mark.parametrize("path", PATHS)
+def test_causal_fast_path_equals_the_masked_attention(path):
     torch.manual_seed(0)
     q, k, v = torch.randn(9, 70, 64), torch.randn(3, 70, 64), torch.randn(3, 70, 64)
     p = torch.arange(5, 75)  # a chunk's own positions, not starting at 0
-    torch.testing.assert_close(attend(q, k, v, p, p, 0.125), _masked(q, k, v, p, p, 0.125), atol=1e-5, rtol=1e-4)
-    tail = p[10:]  # after a reused prefix: padded with zero queries
-    torch.testing.assert_close(attend(q[:, 10:], k, v, tail, p, 0.125), _masked(q[:, 10:], k, v, tail, p, 0.125),
+    torch.testing.assert_close(_attend(path, q, k, v, p, p, 0.125), _masked(q, k, v, p, p, 0.125),
                                atol=1e-5, rtol=1e-4)
+    tail = p[10:]  # after a reused prefix (SDPA: padded with zero queries)
+    torch.testing.assert_close(_attend(path, q[:, 10:], k, v, tail, p, 0.125),
+                               _masked(q[:, 10:], k, v, tail, p, 0.125), atol=1e-5, rtol=1e-4)
 
 
 def _masked_heads(q, k, v, qp, kp, scale, head_mask):
@@ -87,17 +107,19 @@ def test_query_blocks_stay_short_over_many_rows():
     assert all(hi == 6000 + b for _, b, _, hi in blocks)
 
 
-def test_blocked_attention_equals_the_masked_attention():
+@pytest.mark.parametrize("path", PATHS)
+def test_scattered_rows_attention_equals_the_masked_attention(path):
     torch.manual_seed(0)
     t = 600
     k, v, kp = torch.randn(3, t, 64), torch.randn(3, t, 64), torch.arange(t)
     qp = torch.cat([torch.sort(torch.randperm(t - 40)[:160]).values, torch.arange(t - 40, t)])  # selected + question
     q = torch.randn(9, qp.numel(), 64)
     assert query_blocks(qp, kp) is not None
-    torch.testing.assert_close(attend(q, k, v, qp, kp, 0.125), _masked(q, k, v, qp, kp, 0.125), atol=1e-5, rtol=1e-4)
-    held = torch.rand(3, t) > 0.3  # chunks compressed at ingest: per-head dropped entries
+    torch.testing.assert_close(_attend(path, q, k, v, qp, kp, 0.125), _masked(q, k, v, qp, kp, 0.125),
+                               atol=1e-5, rtol=1e-4)
+    held = torch.rand(3, t) > 0.3  # chunks compressed at ingest: per-head dropped entries (SDPA on both paths)
     held[:, 0] = True  # every query sees at least one entry
-    torch.testing.assert_close(attend(q, k, v, qp, kp, 0.125, held), _masked_heads(q, k, v, qp, kp, 0.125, held),
+    torch.testing.assert_close(_attend(path, q, k, v, qp, kp, 0.125, held), _masked_heads(q, k, v, qp, kp, 0.125, held),
                                atol=1e-5, rtol=1e-4)
 
 
@@ -128,11 +150,12 @@ def test_a_sliding_window_sees_only_its_last_window_positions():
     assert causal_padding(kp[:window], kp[:window], window) == 0  # unless the window covers the whole cache
     blocks = query_blocks(kp, kp, window=window)  # a full prefill: each block from its first query's window
     assert blocks is not None and all(lo == max(0, a - window + 1) for a, _, lo, _ in blocks)
-    torch.testing.assert_close(attend(q, k, v, kp, kp, 0.125, window=window), _masked(q, k, v, kp, kp, 0.125, window),
-                               atol=1e-5, rtol=1e-4)
     qp = torch.cat([torch.sort(torch.randperm(t - 40)[:160]).values, torch.arange(t - 40, t)])  # blend's rows
-    torch.testing.assert_close(attend(q[:, qp], k, v, qp, kp, 0.125, window=window),
-                               _masked(q[:, qp], k, v, qp, kp, 0.125, window), atol=1e-5, rtol=1e-4)
+    for path in PATHS:
+        torch.testing.assert_close(_attend(path, q, k, v, kp, kp, 0.125, window=window),
+                                   _masked(q, k, v, kp, kp, 0.125, window), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(_attend(path, q[:, qp], k, v, qp, kp, 0.125, window=window),
+                                   _masked(q[:, qp], k, v, qp, kp, 0.125, window), atol=1e-5, rtol=1e-4)
     # changing a key outside every query's window changes nothing
     k2 = k.clone()
     k2[:, :t - 64 - window] = 100.0
@@ -148,7 +171,7 @@ def test_an_additive_mask_gives_the_bool_masks_result_bit_for_bit():
     k, v, kp = torch.randn(3, t, 64), torch.randn(3, t, 64), torch.arange(t)
     qp = torch.sort(torch.randperm(t)[:16]).values  # one grain of rows: one masked call
     q = torch.randn(9, qp.numel(), 64)
-    plan = plan_attention(qp, kp, None, 9, None, q.dtype)
+    plan = plan_attention(qp, kp, None, 9, None, q.dtype, rows=False)
     assert plan.mask is not None and not plan.parts and plan.mask.dtype == q.dtype
     assert torch.equal(plan.run(q, k, v, 0.125), _masked(q, k, v, qp, kp, 0.125))
     held = torch.rand(3, t) > 0.3
@@ -156,7 +179,7 @@ def test_an_additive_mask_gives_the_bool_masks_result_bit_for_bit():
     assert torch.equal(plan_attention(qp, kp, held, 9, None, q.dtype).run(q, k, v, 0.125),
                        _masked_heads(q, k, v, qp, kp, 0.125, held))
     window = 50
-    assert torch.equal(plan_attention(qp, kp, None, 9, window, q.dtype).run(q, k, v, 0.125),
+    assert torch.equal(plan_attention(qp, kp, None, 9, window, q.dtype, rows=False).run(q, k, v, 0.125),
                        _masked(q, k, v, qp, kp, 0.125, window))
 
 
@@ -164,7 +187,7 @@ def test_a_plan_memo_shares_a_plan_only_between_the_same_positions():
     kp, qp = torch.arange(600), torch.arange(0, 600, 3)
     memo = PlanMemo()
     first = memo.plan(qp, kp, None, 9, None, torch.float32)
-    assert first.parts and memo.plan(qp, kp, None, 9, None, torch.float32) is first  # the next layer's
+    assert memo.plan(qp, kp, None, 9, None, torch.float32) is first  # the next layer's
     assert memo.plan(qp.clone(), kp, None, 9, None, torch.float32) is not first  # other tensors, equal or not
     assert memo.plan(qp, kp, None, 9, 64, torch.float32) is not first  # a sliding-window layer
     held = torch.ones(3, 600, dtype=torch.bool)
@@ -201,3 +224,74 @@ def test_blend_with_shared_plans_equals_one_plan_per_layer(runner):
     assert torch.equal(shared.logits, alone.logits)
     assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
                for a, b in zip(shared.cache.layers, alone.cache.layers))
+
+
+@needs_rows
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 1, 256), (14, 2, 72), (16, 1, 32)])
+def test_the_row_kernel_equals_the_masked_attention_for_any_head_layout(heads, kv_heads, dim):
+    """SmolLM2 (3 queries a kv head), Gemma 3 270M (4 of 256), Qwen2.5-0.5B-like (7, a head size that is no
+    multiple of 32) and more queries a kv head than a tile holds (16): the row kernel against one masked SDPA."""
+    torch.manual_seed(heads)
+    t = 333
+    k, v, kp = torch.randn(kv_heads, t, dim), torch.randn(kv_heads, t, dim), torch.arange(t)
+    qp = torch.cat([torch.sort(torch.randperm(t - 9)[:50]).values, torch.arange(t - 9, t)])
+    q = torch.randn(heads, qp.numel(), dim)
+    torch.testing.assert_close(_attend("rows", q, k, v, qp, kp, dim ** -0.5), _masked(q, k, v, qp, kp, dim ** -0.5),
+                               atol=1e-5, rtol=1e-4)
+
+
+@needs_rows
+def test_a_row_attends_alike_whatever_rows_and_threads_it_is_computed_with():
+    """Row invariance (row_attention.c): a row's output is the same bit for bit alone, among blend's scattered
+    rows, among every row of the prompt, under a window, and on one thread or two."""
+    torch.manual_seed(3)
+    t = 700
+    k, v, kp = torch.randn(3, t, 64), torch.randn(3, t, 64), torch.arange(t)
+    q = torch.randn(9, t, 64)
+    every = _attend("rows", q, k, v, kp, kp, 0.125)  # a full prefill
+    qp = torch.sort(torch.randperm(t)[:123]).values  # blend's rows
+    assert torch.equal(_attend("rows", q[:, qp], k, v, qp, kp, 0.125), every[qp])
+    assert torch.equal(_attend("rows", q[:, qp[5:6]], k, v, qp[5:6], kp, 0.125), every[qp[5:6]])
+    window = 100
+    windowed = _attend("rows", q, k, v, kp, kp, 0.125, window=window)
+    assert torch.equal(_attend("rows", q[:, qp], k, v, qp, kp, 0.125, window=window), windowed[qp])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(_attend("rows", q[:, qp], k, v, qp, kp, 0.125), every[qp])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_rows
+def test_the_row_kernel_reads_a_cache_view_with_its_own_head_stride():
+    """The runner's cache is a view of a longer buffer: [Hkv, T, D] with a head stride over the capacity."""
+    torch.manual_seed(4)
+    buffer = torch.randn(2, 3, 500, 64)  # keys and values, capacity 500
+    k, v, kp = buffer[0, :, :321], buffer[1, :, :321], torch.arange(321)
+    qp = torch.arange(300, 321)
+    q = torch.randn(9, qp.numel(), 64)
+    torch.testing.assert_close(_attend("rows", q, k, v, qp, kp, 0.125), _masked(q, k, v, qp, kp, 0.125),
+                               atol=1e-5, rtol=1e-4)
+
+
+def test_the_row_kernel_is_planned_only_where_it_applies():
+    kp, qp = torch.arange(100), torch.arange(50, 100)
+    rows = row_attention.unavailable() is None
+    assert (plan_attention(qp, kp, None, 9, None, torch.float32).ranges is not None) == rows
+    assert plan_attention(qp, kp, None, 9, None, torch.bfloat16).ranges is None  # the model in bf16: SDPA
+    assert plan_attention(qp, kp, torch.ones(3, 100, dtype=torch.bool), 9, None, torch.float32).ranges is None
+    assert plan_attention(qp, kp[None].expand(3, -1), None, 9, None, torch.float32).ranges is None  # per head
+    assert plan_attention(qp, kp.flip(0), None, 9, None, torch.float32).ranges is None  # not increasing
+    assert plan_attention(torch.tensor([5, 60]), kp[10:], None, 9, None, torch.float32).ranges is None  # sees none
+
+
+def test_a_machine_that_cannot_build_the_row_kernel_attends_with_sdpa(tmp_path):
+    """No C compiler: the kernel says why, plans are SDPA's and attention still equals the masked one."""
+    code = ("import torch; from workers import row_attention; from workers.attention import plan_attention;"
+            "p = torch.arange(50); print(row_attention.unavailable(), '|',"
+            "plan_attention(p, p, None, 9, None, torch.float32).ranges is None)")
+    env = {**os.environ, "CC": "/bin/false", "RAGKV_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert "building row_attention.c failed" in out and out.strip().endswith("| True")

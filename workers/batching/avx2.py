@@ -14,48 +14,33 @@ the Python half:
     matvec(blocks, x [M, K])  -> [M, N] fp32
     NativeLayer / row()       one decoder layer's C arguments (built once) and a row's cache (per step)
 
-The compiled library is named by a hash of the source and flags and looked for in paths.native_dirs():
-prebuilt in the environment (`python -m workers.batching.avx2`, run by the container images, whose
-runtime has no compiler), else built on first use into the cache directory, under a temporary name
-and renamed, so processes building at once never load a half-written file.
+The library is built, found or prebuilt (`python -m workers.native`) the way every C kernel is
+(workers/native.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from workers import native
 from workers.cache import LayerKV
-from workers.paths import native_dirs
 
 SOURCE = Path(__file__).with_name("avx2.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 GROUP = 32  # weights per block
 Q4_1, Q8_0 = 0, 1  # avx2.c's block formats
 
 
 @functools.cache
 def _load() -> tuple[ctypes.CDLL | None, str | None]:
-    """(the compiled kernels, None), or (None, why not): built once per machine and source."""
-    if not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):
-        return None, f"the CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
-    name = library_name()
-    path = next((d / name for d in native_dirs() if (d / name).exists()), None)
-    try:
-        if path is None:
-            path = build(native_dirs()[-1])
-        lib = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        return None, f"building {SOURCE.name} failed: {str(exc).strip()[:300]}"
+    """(the compiled kernels, None), or (None, why not): built once per machine and source (workers.native)."""
+    lib, why = native.load(SOURCE)
+    if lib is None:
+        return None, why
     lib.ragkv_matvec.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                  ctypes.c_int, ctypes.c_void_p]
     lib.ragkv_matvec.restype = None
@@ -77,30 +62,9 @@ def unavailable() -> str | None:
     return _load()[1]
 
 
-def library_name() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    return f"ragkv-avx2-{digest}.so"
-
-
 def build(directory: Path) -> Path:
-    """Compile avx2.c into `directory` (gcc, or $CC) -> the library's path."""
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (gcc or $CC)")
-    path = directory / library_name()
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(suffix=".so", dir=directory)
-    os.close(fd)
-    try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial, "-lm"], check=True, capture_output=True,
-                       text=True, timeout=120)
-        os.replace(partial, path)
-    except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"{compiler} exited with {exc.returncode}: {(exc.stderr or '').strip()[-300:]}") from None
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return path
+    """Compile avx2.c into `directory` -> the library's path (workers.native.build)."""
+    return native.build(SOURCE, directory)
 
 
 # -- blocks ------------------------------------------------------------------------------------------
@@ -223,7 +187,3 @@ def row(kv: LayerKV, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Te
     return _Row(keys.data_ptr(), values.data_ptr(), kv_stride, tokens, mask_pointer, mask_stride,
                 keys.data_ptr() + offset, values.data_ptr() + offset, slot_stride,
                 cos.data_ptr() + 4 * b * cos.stride(0), sin.data_ptr() + 4 * b * sin.stride(0))
-
-
-if __name__ == "__main__":  # prebuild into the environment (the container images' build stage)
-    print(build(native_dirs()[0]))

@@ -1,0 +1,243 @@
+/* Prefill attention on an AVX2 CPU: query rows over their own ranges of cached entries, for blend's
+ * recomputed rows (scattered over the prompt) as for a whole prompt (every row, in order). Built by
+ * workers/native.py (gcc -O3 -mavx2 -mfma -mf16c -fopenmp), called from workers/row_attention.py.
+ *
+ *     q            [heads, seq, dim] fp32, contiguous
+ *     keys, values kv head h's entry t at h * head_stride + t * dim, fp32
+ *     first, end   [seq] int32: row i sees entries [first[i], end[i]) of its kv head, at least one
+ *     out          [seq, heads * dim] fp32
+ *
+ * One work item is one kv head and a tile of rows. The tile's query vectors (its rows x that kv head's
+ * query heads, padded to a multiple of 6) are scored 6 vectors x 16 entries at a time against the keys
+ * transposed once per call (8 entries' values of one dimension side by side), so one key load serves 6
+ * vectors and no horizontal sum is needed. The softmax runs online over CHUNK-entry chunks cut at fixed
+ * positions (multiples of CHUNK), and the weighted values are summed 3 vectors x 32 columns at a time, so
+ * one value load serves 3 vectors. Every row computes only up to the end of its own range (a tile's last
+ * chunk is cut at its longest row), never the whole cache under a mask.
+ *
+ * Row invariance: a row's arithmetic depends on its own query, its range and the cache only, in one fixed
+ * order, whatever rows share its tile and however many threads run (entries outside a row's range get a
+ * weight of exactly 0). So blend's recomputed rows attend bit for bit as the same rows of a full prefill
+ * over the same cache would. dim: a multiple of 8. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK 64   /* entries per online-softmax step */
+#define TILE 12    /* query vectors per tile (rows x query heads of one kv head), when a kv head has <= 12 */
+
+static inline float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* exp(x) for 8 lanes (Cephes' polynomial, ~1 ulp on [-87, 88]); x < -87 (and -inf) gives 0 */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+/* keys [n, dim] -> kt [ceil(n / 8), dim, 8]: 8 entries' values of one dimension side by side (zeros past n) */
+static void transpose_keys(const float *keys, int n, int dim, float *kt) {
+    for (int b = 0; b * 8 < n; b++) {
+        float *dst = kt + (size_t)b * dim * 8;
+        const int m = n - b * 8 < 8 ? n - b * 8 : 8;
+        for (int e = 0; e < 8; e++) {
+            const float *src = keys + (size_t)(b * 8 + e) * dim;
+            for (int d = 0; d < dim; d++) dst[d * 8 + e] = e < m ? src[d] : 0.0f;
+        }
+    }
+}
+
+/* s[v][j] = qs[v] . entry (8 b0 + j), for the 8-entry blocks [b0, b1) of kt and the 6 vectors qs[0..5] */
+static void scores6(const float *qs, const float *kt, int b0, int b1, int dim, float *s, int stride) {
+    int b = b0;
+    for (; b + 2 <= b1; b += 2) {  /* 16 entries: 12 accumulators */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+        __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0;
+        const float *k = kt + (size_t)b * dim * 8, *k2 = k + dim * 8;
+        for (int d = 0; d < dim; d++) {
+            const __m256 x = _mm256_loadu_ps(k + d * 8), y = _mm256_loadu_ps(k2 + d * 8);
+            __m256 w;
+            w = _mm256_broadcast_ss(qs + 0 * dim + d); a0 = _mm256_fmadd_ps(w, x, a0); c0 = _mm256_fmadd_ps(w, y, c0);
+            w = _mm256_broadcast_ss(qs + 1 * dim + d); a1 = _mm256_fmadd_ps(w, x, a1); c1 = _mm256_fmadd_ps(w, y, c1);
+            w = _mm256_broadcast_ss(qs + 2 * dim + d); a2 = _mm256_fmadd_ps(w, x, a2); c2 = _mm256_fmadd_ps(w, y, c2);
+            w = _mm256_broadcast_ss(qs + 3 * dim + d); a3 = _mm256_fmadd_ps(w, x, a3); c3 = _mm256_fmadd_ps(w, y, c3);
+            w = _mm256_broadcast_ss(qs + 4 * dim + d); a4 = _mm256_fmadd_ps(w, x, a4); c4 = _mm256_fmadd_ps(w, y, c4);
+            w = _mm256_broadcast_ss(qs + 5 * dim + d); a5 = _mm256_fmadd_ps(w, x, a5); c5 = _mm256_fmadd_ps(w, y, c5);
+        }
+        float *o = s + (b - b0) * 8;
+        _mm256_storeu_ps(o + 0 * stride, a0); _mm256_storeu_ps(o + 0 * stride + 8, c0);
+        _mm256_storeu_ps(o + 1 * stride, a1); _mm256_storeu_ps(o + 1 * stride + 8, c1);
+        _mm256_storeu_ps(o + 2 * stride, a2); _mm256_storeu_ps(o + 2 * stride + 8, c2);
+        _mm256_storeu_ps(o + 3 * stride, a3); _mm256_storeu_ps(o + 3 * stride + 8, c3);
+        _mm256_storeu_ps(o + 4 * stride, a4); _mm256_storeu_ps(o + 4 * stride + 8, c4);
+        _mm256_storeu_ps(o + 5 * stride, a5); _mm256_storeu_ps(o + 5 * stride + 8, c5);
+    }
+    for (; b < b1; b++) {  /* a last 8 entries */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+        const float *k = kt + (size_t)b * dim * 8;
+        for (int d = 0; d < dim; d++) {
+            const __m256 x = _mm256_loadu_ps(k + d * 8);
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(qs + 0 * dim + d), x, a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(qs + 1 * dim + d), x, a1);
+            a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(qs + 2 * dim + d), x, a2);
+            a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(qs + 3 * dim + d), x, a3);
+            a4 = _mm256_fmadd_ps(_mm256_broadcast_ss(qs + 4 * dim + d), x, a4);
+            a5 = _mm256_fmadd_ps(_mm256_broadcast_ss(qs + 5 * dim + d), x, a5);
+        }
+        float *o = s + (b - b0) * 8;
+        _mm256_storeu_ps(o + 0 * stride, a0); _mm256_storeu_ps(o + 1 * stride, a1);
+        _mm256_storeu_ps(o + 2 * stride, a2); _mm256_storeu_ps(o + 3 * stride, a3);
+        _mm256_storeu_ps(o + 4 * stride, a4); _mm256_storeu_ps(o + 5 * stride, a5);
+    }
+}
+
+/* acc[v][col .. col + 32) += sum_t p[v][t] values[t][col ..] for the 3 vectors v of p and acc */
+static void weighted3x32(const float *p, int pstride, const float *values, int n, int dim, int col, float *acc) {
+    float *o0 = acc + col, *o1 = acc + dim + col, *o2 = acc + 2 * dim + col;
+    __m256 a0 = _mm256_loadu_ps(o0), a1 = _mm256_loadu_ps(o0 + 8), a2 = _mm256_loadu_ps(o0 + 16), a3 = _mm256_loadu_ps(o0 + 24);
+    __m256 b0 = _mm256_loadu_ps(o1), b1 = _mm256_loadu_ps(o1 + 8), b2 = _mm256_loadu_ps(o1 + 16), b3 = _mm256_loadu_ps(o1 + 24);
+    __m256 c0 = _mm256_loadu_ps(o2), c1 = _mm256_loadu_ps(o2 + 8), c2 = _mm256_loadu_ps(o2 + 16), c3 = _mm256_loadu_ps(o2 + 24);
+    for (int t = 0; t < n; t++) {
+        const float *v = values + (size_t)t * dim + col;
+        const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+                     v3 = _mm256_loadu_ps(v + 24);
+        __m256 w = _mm256_broadcast_ss(p + t);
+        a0 = _mm256_fmadd_ps(w, v0, a0); a1 = _mm256_fmadd_ps(w, v1, a1);
+        a2 = _mm256_fmadd_ps(w, v2, a2); a3 = _mm256_fmadd_ps(w, v3, a3);
+        w = _mm256_broadcast_ss(p + pstride + t);
+        b0 = _mm256_fmadd_ps(w, v0, b0); b1 = _mm256_fmadd_ps(w, v1, b1);
+        b2 = _mm256_fmadd_ps(w, v2, b2); b3 = _mm256_fmadd_ps(w, v3, b3);
+        w = _mm256_broadcast_ss(p + 2 * pstride + t);
+        c0 = _mm256_fmadd_ps(w, v0, c0); c1 = _mm256_fmadd_ps(w, v1, c1);
+        c2 = _mm256_fmadd_ps(w, v2, c2); c3 = _mm256_fmadd_ps(w, v3, c3);
+    }
+    _mm256_storeu_ps(o0, a0); _mm256_storeu_ps(o0 + 8, a1); _mm256_storeu_ps(o0 + 16, a2); _mm256_storeu_ps(o0 + 24, a3);
+    _mm256_storeu_ps(o1, b0); _mm256_storeu_ps(o1 + 8, b1); _mm256_storeu_ps(o1 + 16, b2); _mm256_storeu_ps(o1 + 24, b3);
+    _mm256_storeu_ps(o2, c0); _mm256_storeu_ps(o2 + 8, c1); _mm256_storeu_ps(o2 + 16, c2); _mm256_storeu_ps(o2 + 24, c3);
+}
+
+/* the same for 8 columns (a dim that is not a multiple of 32) */
+static void weighted3x8(const float *p, int pstride, const float *values, int n, int dim, int col, float *acc) {
+    __m256 a = _mm256_loadu_ps(acc + col), b = _mm256_loadu_ps(acc + dim + col), c = _mm256_loadu_ps(acc + 2 * dim + col);
+    for (int t = 0; t < n; t++) {
+        const __m256 v = _mm256_loadu_ps(values + (size_t)t * dim + col);
+        a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), v, a);
+        b = _mm256_fmadd_ps(_mm256_broadcast_ss(p + pstride + t), v, b);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(p + 2 * pstride + t), v, c);
+    }
+    _mm256_storeu_ps(acc + col, a); _mm256_storeu_ps(acc + dim + col, b); _mm256_storeu_ps(acc + 2 * dim + col, c);
+}
+
+/* One vector's scores s[0, width) over a chunk starting at c0 -> its weights (0 outside [a, b)), the running
+ * max `best` and sum `total` updated and its accumulator rescaled when the max grows (online softmax). */
+static void softmax_step(float *s, int width, int a, int b, float *best, float *total, float *acc, int dim) {
+    float top = s[a];
+    for (int t = a + 1; t < b; t++) if (s[t] > top) top = s[t];
+    if (top > *best) {
+        const float alpha = *best == -INFINITY ? 0.0f : expf(*best - top);
+        *total *= alpha;
+        const __m256 al = _mm256_set1_ps(alpha);
+        for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(al, _mm256_loadu_ps(acc + i)));
+        *best = top;
+    }
+    for (int t = 0; t < a; t++) s[t] = 0.0f;
+    for (int t = b; t < width; t++) s[t] = 0.0f;
+    const __m256 top8 = _mm256_set1_ps(*best);
+    __m256 sum8 = _mm256_setzero_ps();
+    int t = a;
+    for (; t + 8 <= b; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), top8));
+        _mm256_storeu_ps(s + t, e);
+        sum8 = _mm256_add_ps(sum8, e);
+    }
+    float sum = hsum(sum8);
+    for (; t < b; t++) { s[t] = expf(s[t] - *best); sum += s[t]; }
+    *total += sum;
+}
+
+void ragkv_attend_rows(const float *q, int seq, int heads, const float *keys, const float *values, int kv_heads,
+                       long head_stride, int dim, const int *first, const int *end, float scale, float *out) {
+    const int group = heads / kv_heads;
+    const int per = group < TILE ? TILE / group : 1;          /* rows per tile */
+    const int tiles = (seq + per - 1) / per;
+    const int slots = (per * group + 5) / 6 * 6;                /* vectors per tile, padded to 6 */
+    int span = 0;
+    for (int r = 0; r < seq; r++) if (end[r] > span) span = end[r];
+    const int kblocks = (span + 7) / 8;
+    float *kt = malloc(sizeof(float) * (size_t)kv_heads * kblocks * dim * 8);
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static)
+        for (int u = 0; u < kv_heads * kblocks; u++) {
+            const int h = u / kblocks, b = u % kblocks;
+            transpose_keys(keys + (size_t)h * head_stride + (size_t)b * 8 * dim, span - b * 8 < 8 ? span - b * 8 : 8,
+                           dim, kt + ((size_t)h * kblocks + b) * dim * 8);
+        }
+        float *qs = malloc(sizeof(float) * (size_t)slots * dim), *acc = malloc(sizeof(float) * (size_t)slots * dim);
+        float *sc = malloc(sizeof(float) * (size_t)slots * CHUNK), *best = malloc(sizeof(float) * slots);
+        float *total = malloc(sizeof(float) * slots);
+        #pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < tiles * kv_heads; u++) {
+            const int tile = tiles - 1 - u / kv_heads, h = u % kv_heads;  /* the longest rows first */
+            const int r0 = tile * per, r1 = r0 + per < seq ? r0 + per : seq, nv = (r1 - r0) * group;
+            int lo = first[r0], hi = end[r0];
+            for (int r = r0; r < r1; r++) { if (first[r] < lo) lo = first[r]; if (end[r] > hi) hi = end[r]; }
+            for (int v = 0; v < slots; v++) {  /* vector v: row r0 + v / group, query head h * group + v % group */
+                if (v < nv) {
+                    const float *src = q + ((size_t)(h * group + v % group) * seq + r0 + v / group) * dim;
+                    for (int i = 0; i < dim; i++) qs[v * dim + i] = src[i] * scale;
+                } else memset(qs + v * dim, 0, sizeof(float) * dim);
+                memset(acc + v * dim, 0, sizeof(float) * dim);
+                best[v] = -INFINITY;
+                total[v] = 0.0f;
+            }
+            const float *V = values + (size_t)h * head_stride, *K = kt + (size_t)h * kblocks * dim * 8;
+            for (int c0 = lo / CHUNK * CHUNK; c0 < hi; c0 += CHUNK) {
+                const int c1 = c0 + CHUNK < hi ? c0 + CHUNK : hi, width = c1 - c0;
+                for (int v = 0; v < slots; v += 6)
+                    scores6(qs + v * dim, K, c0 / 8, (c1 + 7) / 8, dim, sc + v * CHUNK, CHUNK);
+                for (int v = 0; v < slots; v++) {
+                    const int r = r0 + v / group;
+                    const int a = v < nv && first[r] > c0 ? first[r] - c0 : 0;
+                    const int b = v >= nv ? 0 : (end[r] < c1 ? end[r] : c1) - c0;
+                    if (a >= b) memset(sc + v * CHUNK, 0, sizeof(float) * width);  /* nothing seen here */
+                    else softmax_step(sc + v * CHUNK, width, a, b, best + v, total + v, acc + v * dim, dim);
+                }
+                for (int v = 0; v < nv; v += 3) {
+                    int col = 0;
+                    for (; col + 32 <= dim; col += 32)
+                        weighted3x32(sc + v * CHUNK, CHUNK, V + (size_t)c0 * dim, width, dim, col, acc + v * dim);
+                    for (; col < dim; col += 8)
+                        weighted3x8(sc + v * CHUNK, CHUNK, V + (size_t)c0 * dim, width, dim, col, acc + v * dim);
+                }
+            }
+            for (int v = 0; v < nv; v++) {
+                float *o = out + ((size_t)(r0 + v / group) * heads + h * group + v % group) * dim;
+                const float inv = total[v] > 0.0f ? 1.0f / total[v] : 0.0f;
+                for (int i = 0; i < dim; i++) o[i] = acc[v * dim + i] * inv;
+            }
+        }
+        free(qs); free(acc); free(sc); free(best); free(total);
+    }
+    free(kt);
+}

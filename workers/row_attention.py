@@ -1,0 +1,69 @@
+"""Attention of query rows over their own ranges of cached entries, in one C call (row_attention.c).
+
+Blend recomputes ~15-50% of a prompt's rows, scattered over it, and each must attend over every cached entry
+up to its own position. SDPA has no such mask: cut into query blocks (attention.query_blocks) it computes
+13-15% more key-rows than the rows need, at 29-34 ns a key-row for small blocks, against ~25 for full's
+causal pass. This kernel computes each row over exactly its own range, with the keys and values read once per
+tile of rows, in fp32 (research/results/2026-12-08-tenth). A row's result does not depend on which rows are
+computed with it (row_attention.c), so the same row of a full prefill and of a blend over the same cache
+attend alike, bit for bit.
+
+    usable(dtype, device)                         whether the kernel can run here, for these tensors
+    attend_rows(q, keys, values, first, end, s)   q [Hq, S, D]; keys/values [Hkv, T, D]; row i sees entries
+                                                  [first[i], end[i]) -> [S, Hq * D]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from workers import native
+
+SOURCE = Path(__file__).with_name("row_attention.c")
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib, _ = native.load(SOURCE)
+    if lib is not None:
+        lib.ragkv_attend_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
+                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p]
+        lib.ragkv_attend_rows.restype = None
+    return lib
+
+
+def unavailable() -> str | None:
+    """Why the kernel cannot run on this machine, or None when it can."""
+    return native.load(SOURCE)[1]
+
+
+def usable(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """fp32 tensors on a CPU where the kernel built (any head count and a head size that is a multiple of 8,
+    checked by attend_rows)."""
+    return dtype == torch.float32 and torch.device(device).type == "cpu" and _library() is not None
+
+
+def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
+                scale: float) -> torch.Tensor:
+    """q [Hq, S, D]; keys/values [Hkv, T, D] (fp32, CPU); first/end [S] int32 with first < end <= T -> the
+    attention of row i over entries [first[i], end[i]) of its kv head: [S, Hq * D]."""
+    num_heads, seq, dim = q.shape
+    if dim % 8 or num_heads % keys.shape[0]:
+        raise ValueError(f"row attention needs a head size that is a multiple of 8 and whole query groups "
+                         f"(got {num_heads} heads of {dim} over {keys.shape[0]})")
+    q = q.contiguous()
+    keys, values = _rows_of(keys), _rows_of(values)
+    out = torch.empty(seq, num_heads * dim)
+    _library().ragkv_attend_rows(q.data_ptr(), seq, num_heads, keys.data_ptr(), values.data_ptr(), keys.shape[0],
+                                 keys.stride(0), dim, first.data_ptr(), end.data_ptr(), scale, out.data_ptr())
+    return out
+
+
+def _rows_of(x: torch.Tensor) -> torch.Tensor:
+    """[H, T, D] with each entry's D values side by side (a cache view keeps its own head stride)."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
