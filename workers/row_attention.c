@@ -35,6 +35,13 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(x);
 }
 
+static inline float hmax(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
 /* exp(x) for 8 lanes (Cephes' polynomial, ~1 ulp on [-87, 88]); x < -87 (and -inf) gives 0 */
 static inline __m256 exp8(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
@@ -55,14 +62,33 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
-/* keys [n, dim] -> kt [ceil(n / 8), dim, 8]: 8 entries' values of one dimension side by side (zeros past n) */
+/* keys [n, dim] -> kt [ceil(n / 8), dim, 8]: 8 entries' values of one dimension side by side (zeros past n);
+ * 8 x 8 floats at a time through registers */
 static void transpose_keys(const float *keys, int n, int dim, float *kt) {
     for (int b = 0; b * 8 < n; b++) {
         float *dst = kt + (size_t)b * dim * 8;
         const int m = n - b * 8 < 8 ? n - b * 8 : 8;
-        for (int e = 0; e < 8; e++) {
-            const float *src = keys + (size_t)(b * 8 + e) * dim;
-            for (int d = 0; d < dim; d++) dst[d * 8 + e] = e < m ? src[d] : 0.0f;
+        const float *src = keys + (size_t)b * 8 * dim;
+        for (int d = 0; d < dim; d += 8) {
+            __m256 r[8];
+            for (int e = 0; e < 8; e++) r[e] = e < m ? _mm256_loadu_ps(src + (size_t)e * dim + d) : _mm256_setzero_ps();
+            const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            float *o = dst + (size_t)d * 8;  /* row d + i of the output: entry e's value of dimension d + i */
+            _mm256_storeu_ps(o + 0 * 8, _mm256_permute2f128_ps(u0, u4, 0x20));
+            _mm256_storeu_ps(o + 1 * 8, _mm256_permute2f128_ps(u1, u5, 0x20));
+            _mm256_storeu_ps(o + 2 * 8, _mm256_permute2f128_ps(u2, u6, 0x20));
+            _mm256_storeu_ps(o + 3 * 8, _mm256_permute2f128_ps(u3, u7, 0x20));
+            _mm256_storeu_ps(o + 4 * 8, _mm256_permute2f128_ps(u0, u4, 0x31));
+            _mm256_storeu_ps(o + 5 * 8, _mm256_permute2f128_ps(u1, u5, 0x31));
+            _mm256_storeu_ps(o + 6 * 8, _mm256_permute2f128_ps(u2, u6, 0x31));
+            _mm256_storeu_ps(o + 7 * 8, _mm256_permute2f128_ps(u3, u7, 0x31));
         }
     }
 }
@@ -152,7 +178,13 @@ static void weighted3x8(const float *p, int pstride, const float *values, int n,
  * max `best` and sum `total` updated and its accumulator rescaled when the max grows (online softmax). */
 static void softmax_step(float *s, int width, int a, int b, float *best, float *total, float *acc, int dim) {
     float top = s[a];
-    for (int t = a + 1; t < b; t++) if (s[t] > top) top = s[t];
+    int t = a + 1;
+    if (b - t >= 8) {
+        __m256 top8 = _mm256_loadu_ps(s + t);
+        for (t += 8; t + 8 <= b; t += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + t));
+        top = fmaxf(top, hmax(top8));
+    }
+    for (; t < b; t++) if (s[t] > top) top = s[t];
     if (top > *best) {
         const float alpha = *best == -INFINITY ? 0.0f : expf(*best - top);
         *total *= alpha;
@@ -164,8 +196,7 @@ static void softmax_step(float *s, int width, int a, int b, float *best, float *
     for (int t = b; t < width; t++) s[t] = 0.0f;
     const __m256 top8 = _mm256_set1_ps(*best);
     __m256 sum8 = _mm256_setzero_ps();
-    int t = a;
-    for (; t + 8 <= b; t += 8) {
+    for (t = a; t + 8 <= b; t += 8) {
         const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), top8));
         _mm256_storeu_ps(s + t, e);
         sum8 = _mm256_add_ps(sum8, e);
