@@ -39,3 +39,15 @@ def test_research_is_excluded_even_as_a_namespace_package():
 def test_research_declares_the_plugin_entry_point():
     research = tomllib.loads((ROOT / "research" / "pyproject.toml").read_text())
     assert research["project"]["entry-points"]["ragkv.plugins"] == {"research": "ragkv_research.plugin:register"}
+
+
+def test_the_wheel_holds_every_c_kernel_source_and_header():
+    """workers/native.py compiles its sources on first use where the package is installed: each source and
+    header must be package data."""
+    from workers import native
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["workers"]
+    workers = ROOT / "workers"
+    for path in (*native.SOURCES, *native.HEADERS):
+        relative = path.relative_to(workers)
+        assert path.is_file() and any(relative.match(g) for g in globs), f"{relative} is not package data"

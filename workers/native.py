@@ -3,10 +3,10 @@
     workers/batching/avx2.c     the decode step (4/8-bit matrix-vector products, one call per layer)
     workers/row_attention.c     prefill attention of query rows over their own ranges of cached entries
 
-A library is named by a hash of its source and the flags and looked for in paths.native_dirs(): prebuilt in
-the environment (`python -m workers.native`, run by the container images, whose runtime has no compiler),
-else built on first use into the cache directory, under a temporary name and renamed, so processes building
-at once never load a half-written file. x86 with AVX2, FMA and F16C only; elsewhere `load` says why not and
+Both include workers/simd.h (shared AVX2 helpers). A library is named by a hash of its source, the header and
+the flags and looked for in paths.native_dirs(): prebuilt in the environment (`python -m workers.native`, run
+by the container images, whose runtime has no compiler), else built on first use into the cache directory,
+under a temporary name and renamed, so processes building at once never load a half-written file. x86 with AVX2, FMA and F16C only; elsewhere `load` says why not and
 the callers keep their torch paths.
 """
 
@@ -27,6 +27,8 @@ from workers.paths import native_dirs
 
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 SOURCES = (Path(__file__).parent / "batching" / "avx2.c", Path(__file__).with_name("row_attention.c"))
+INCLUDE = Path(__file__).parent  # simd.h: the AVX2 helpers every source includes
+HEADERS = (INCLUDE / "simd.h",)
 
 
 @functools.cache
@@ -45,7 +47,8 @@ def load(source: Path) -> tuple[ctypes.CDLL | None, str | None]:
 
 
 def library_name(source: Path) -> str:
-    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
+    digest = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:16]
     return f"ragkv-{source.stem.replace('_', '-')}-{digest}.so"
 
 
@@ -59,8 +62,8 @@ def build(source: Path, directory: Path) -> Path:
     fd, partial = tempfile.mkstemp(suffix=".so", dir=directory)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, str(source), "-o", partial, "-lm"], check=True, capture_output=True,
-                       text=True, timeout=120)
+        subprocess.run([compiler, *FLAGS, f"-I{INCLUDE}", str(source), "-o", partial, "-lm"], check=True,
+                       capture_output=True, text=True, timeout=120)
         os.replace(partial, path)
     except subprocess.CalledProcessError as exc:
         raise RuntimeError(f"{compiler} exited with {exc.returncode}: {(exc.stderr or '').strip()[-300:]}") from None

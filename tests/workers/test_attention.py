@@ -295,3 +295,21 @@ def test_a_machine_that_cannot_build_the_row_kernel_attends_with_sdpa(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout
     assert "building row_attention.c failed" in out and out.strip().endswith("| True")
+
+
+@needs_rows
+def test_a_prebuilt_row_kernel_is_used_without_a_compiler(tmp_path):
+    """The container images compile every C kernel in their build stage (`python -m workers.native`) and run
+    without a compiler: a library already in a native dir is loaded, never rebuilt."""
+    import shutil
+    from workers import native
+    built = native.build(row_attention.SOURCE, tmp_path / "build")
+    (tmp_path / "cache" / "native").mkdir(parents=True)
+    shutil.copy(built, tmp_path / "cache" / "native" / built.name)
+    code = ("import torch; from workers import row_attention; from workers.attention import plan_attention;"
+            "p = torch.arange(50); print(row_attention.unavailable(), '|',"
+            "plan_attention(p, p, None, 9, None, torch.float32).ranges is not None)")
+    env = {**os.environ, "CC": "/bin/false", "RAGKV_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert out.strip() == "None | True"

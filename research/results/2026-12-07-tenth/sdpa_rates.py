@@ -1,13 +1,9 @@
 """SDPA's CPU cost per key-row (one query row against one cached entry, all 9 heads) for blend-sized blocks:
 unmasked, under an additive mask, and the causal pass full prefill runs. fp32 and bf16."""
-import statistics, time, torch
+import torch
 import torch.nn.functional as F
+from timing import med
 torch.manual_seed(0)
-def med(fn, n=30):
-    fn(); fn(); ts = []
-    for _ in range(n):
-        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 for dtype in (torch.float32, torch.bfloat16):
     T = 1116

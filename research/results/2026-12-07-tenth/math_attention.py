@@ -1,13 +1,9 @@
 """Attention as two batched GEMMs with the 3 query heads of each KV head folded into rows (GQA), the mask
 added by baddbmm, softmax in place: against SDPA's flash kernel, per key-row, for blend-sized blocks."""
-import statistics, time, torch
+import torch
 import torch.nn.functional as F
+from timing import med
 torch.manual_seed(0)
-def med(fn, n=30):
-    fn(); fn(); ts = []
-    for _ in range(n):
-        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 def folded(q, k, v, mask, scale):
     # q [9, m, 64], k/v [3, T, 64], mask [m, T] additive -> [m, 9*64]
     hkv, T, D = k.shape; g = q.shape[0] // hkv; m = q.shape[1]
