@@ -1,5 +1,5 @@
 """A/B in one process, alternated: attention by the row kernel (workers/row_attention.c) against SDPA's plans (the
-ninth session's path), for full and blend at 0.15 / 0.3 / 0.5 over the engine's own stored chunks, 3 bench
+ninth session's path), for full, reuse and blend at 0.15 / 0.3 / 0.5 over the engine's own stored chunks, 3 bench
 prompts, on the scheduler's thread. Prints each mode's median over the rounds and blend's speedup over full
 within each variant. argv: rounds (5)."""
 import statistics, sys, time
@@ -14,7 +14,7 @@ ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 eng, layouts = engine_and_prompts()
 usable = row_attention.usable
 variants = {"sdpa": lambda *a: False, "rows": usable}
-plans = {"full": plan_for("full", BlendConfig())}
+plans = {"full": plan_for("full", BlendConfig()), "reuse": plan_for("reuse", BlendConfig())}
 plans.update({x: plan_for("blend", BlendConfig(recompute_ratio=x)) for x in (0.15, 0.3, 0.5)})
 
 
@@ -39,7 +39,7 @@ med = {k: statistics.median(x) for k, x in times.items()}
 for m in plans:
     s, r = med["sdpa", m], med["rows", m]
     line = f"{str(m):5s} sdpa {s * 1e3:7.1f} ms  rows {r * 1e3:7.1f} ms  ({s / r:.3f}x)"
-    if m != "full":
+    if m not in ("full", "reuse"):
         line += f"   vs full: sdpa {med['sdpa', 'full'] / s:.2f}x  rows {med['rows', 'full'] / r:.2f}x"
     print(line)
 eng.close()
