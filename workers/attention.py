@@ -171,9 +171,10 @@ def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_m
     (`row_ranges`; `rows=False` plans for SDPA, the reference), else SDPA: the causal path when the queries
     are the newest entries in order (`causal_padding`), query blocks over scattered queries (`query_blocks`;
     not again inside a block: the blocks are the cheapest cuts already), else a mask."""
-    ranges = row_ranges(q_positions, kv_positions, window) if rows and head_mask is None else None
-    if ranges is not None and row_attention.usable(dtype, q_positions.device):
-        return AttentionPlan(ranges=ranges)
+    if rows and head_mask is None and row_attention.usable(dtype, q_positions.device):
+        ranges = row_ranges(q_positions, kv_positions, window)
+        if ranges is not None:
+            return AttentionPlan(ranges=ranges)
     pad = causal_padding(q_positions, kv_positions, window) if head_mask is None else None
     if pad is not None:
         return AttentionPlan(pad=pad)

@@ -50,14 +50,14 @@ def usable(dtype: torch.dtype, device: torch.device | str) -> bool:
 
 def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
                 scale: float) -> torch.Tensor:
-    """q [Hq, S, D]; keys/values [Hkv, T, D] (fp32, CPU); first/end [S] int32 with first < end <= T -> the
-    attention of row i over entries [first[i], end[i]) of its kv head: [S, Hq * D]."""
+    """q [Hq, S, D]; keys/values [Hkv, T, D] (CPU; computed in fp32); first/end [S] int32 with
+    first < end <= T -> the attention of row i over entries [first[i], end[i]) of its kv head: [S, Hq * D] fp32."""
     num_heads, seq, dim = q.shape
     if dim % 8 or num_heads % keys.shape[0]:
         raise ValueError(f"row attention needs a head size that is a multiple of 8 and whole query groups "
                          f"(got {num_heads} heads of {dim} over {keys.shape[0]})")
-    q = q.contiguous()
-    keys, values = _rows_of(keys), _rows_of(values)
+    q = q.float().contiguous()
+    keys, values = _rows_of(keys.float()), _rows_of(values.float())
     out = torch.empty(seq, num_heads * dim)
     _library().ragkv_attend_rows(q.data_ptr(), seq, num_heads, keys.data_ptr(), values.data_ptr(), keys.shape[0],
                                  keys.stride(0), dim, first.data_ptr(), end.data_ptr(), scale, out.data_ptr())
