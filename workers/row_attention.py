@@ -4,9 +4,10 @@ Blend recomputes ~15-50% of a prompt's rows, scattered over it, and each must at
 up to its own position. SDPA has no such mask: cut into query blocks (attention.query_blocks) it computes
 13-15% more key-rows than the rows need, at 29-34 ns a key-row for small blocks, against ~25 for full's
 causal pass. This kernel computes each row over exactly its own range, with the keys and values read once per
-tile of rows, in fp32 (research/results/2026-12-07-tenth). A row's result does not depend on which rows are
-computed with it (row_attention.c), so the same row of a full prefill and of a blend over the same cache
-attend alike, bit for bit.
+tile of rows, in fp32: 15-19 ns a key-row on a 2-core Zen 4 (the box's fp32 GEMM rate), ~1.45x SDPA for blend's
+rows and 1.2-2x for whole prompts (docs/benchmarks.md, "tenth session"). A row's result does not depend on which
+rows are computed with it (row_attention.c), so the same row of a full prefill and of a blend over the same
+cache attend alike, bit for bit.
 
     usable(dtype, device)                         whether the kernel can run here, for these tensors
     attend_rows(q, keys, values, first, end, s)   q [Hq, S, D]; keys/values [Hkv, T, D]; row i sees entries
