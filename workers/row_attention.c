@@ -105,12 +105,13 @@ static void scores6(const float *qs, const float *kt, int b0, int b1, int dim, f
     }
 }
 
-/* acc[v][col .. col + 32) += sum_t p[v][t] values[t][col ..] for the 3 vectors v of p and acc */
+/* acc[v][col .. col + 32) += sum_t p[v][t] values[t][col ..] for the 3 vectors v of p and acc. The chunk's sum
+ * starts from zero and is added to acc once (blocked summation: a row's rounding error grows with the chunk,
+ * not with the whole range) */
 static void weighted3x32(const float *p, int pstride, const float *values, int n, int dim, int col, float *acc) {
     float *o0 = acc + col, *o1 = acc + dim + col, *o2 = acc + 2 * dim + col;
-    __m256 a0 = _mm256_loadu_ps(o0), a1 = _mm256_loadu_ps(o0 + 8), a2 = _mm256_loadu_ps(o0 + 16), a3 = _mm256_loadu_ps(o0 + 24);
-    __m256 b0 = _mm256_loadu_ps(o1), b1 = _mm256_loadu_ps(o1 + 8), b2 = _mm256_loadu_ps(o1 + 16), b3 = _mm256_loadu_ps(o1 + 24);
-    __m256 c0 = _mm256_loadu_ps(o2), c1 = _mm256_loadu_ps(o2 + 8), c2 = _mm256_loadu_ps(o2 + 16), c3 = _mm256_loadu_ps(o2 + 24);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
     for (int t = 0; t < n; t++) {
         const float *v = values + (size_t)t * dim + col;
         const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
@@ -125,21 +126,25 @@ static void weighted3x32(const float *p, int pstride, const float *values, int n
         c0 = _mm256_fmadd_ps(w, v0, c0); c1 = _mm256_fmadd_ps(w, v1, c1);
         c2 = _mm256_fmadd_ps(w, v2, c2); c3 = _mm256_fmadd_ps(w, v3, c3);
     }
-    _mm256_storeu_ps(o0, a0); _mm256_storeu_ps(o0 + 8, a1); _mm256_storeu_ps(o0 + 16, a2); _mm256_storeu_ps(o0 + 24, a3);
-    _mm256_storeu_ps(o1, b0); _mm256_storeu_ps(o1 + 8, b1); _mm256_storeu_ps(o1 + 16, b2); _mm256_storeu_ps(o1 + 24, b3);
-    _mm256_storeu_ps(o2, c0); _mm256_storeu_ps(o2 + 8, c1); _mm256_storeu_ps(o2 + 16, c2); _mm256_storeu_ps(o2 + 24, c3);
+#define ADD(o, x) _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), x))
+    ADD(o0, a0); ADD(o0 + 8, a1); ADD(o0 + 16, a2); ADD(o0 + 24, a3);
+    ADD(o1, b0); ADD(o1 + 8, b1); ADD(o1 + 16, b2); ADD(o1 + 24, b3);
+    ADD(o2, c0); ADD(o2 + 8, c1); ADD(o2 + 16, c2); ADD(o2 + 24, c3);
+#undef ADD
 }
 
 /* the same for 8 columns (a dim that is not a multiple of 32) */
 static void weighted3x8(const float *p, int pstride, const float *values, int n, int dim, int col, float *acc) {
-    __m256 a = _mm256_loadu_ps(acc + col), b = _mm256_loadu_ps(acc + dim + col), c = _mm256_loadu_ps(acc + 2 * dim + col);
+    __m256 a = _mm256_setzero_ps(), b = a, c = a;
     for (int t = 0; t < n; t++) {
         const __m256 v = _mm256_loadu_ps(values + (size_t)t * dim + col);
         a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), v, a);
         b = _mm256_fmadd_ps(_mm256_broadcast_ss(p + pstride + t), v, b);
         c = _mm256_fmadd_ps(_mm256_broadcast_ss(p + 2 * pstride + t), v, c);
     }
-    _mm256_storeu_ps(acc + col, a); _mm256_storeu_ps(acc + dim + col, b); _mm256_storeu_ps(acc + 2 * dim + col, c);
+    _mm256_storeu_ps(acc + col, _mm256_add_ps(_mm256_loadu_ps(acc + col), a));
+    _mm256_storeu_ps(acc + dim + col, _mm256_add_ps(_mm256_loadu_ps(acc + dim + col), b));
+    _mm256_storeu_ps(acc + 2 * dim + col, _mm256_add_ps(_mm256_loadu_ps(acc + 2 * dim + col), c));
 }
 
 /* One vector's scores s[0, width) over a chunk starting at c0 -> its weights (0 outside [a, b)), the running
