@@ -38,6 +38,11 @@ def visibility_mask(q_positions: torch.Tensor, kv_positions: torch.Tensor,
     return mask
 
 
+def increasing(positions: torch.Tensor) -> bool:
+    """Whether a cache's positions [T] rise strictly: every plan but the mask needs it."""
+    return bool((positions[1:] > positions[:-1]).all())
+
+
 def causal_padding(q_positions: torch.Tensor, kv_positions: torch.Tensor, window: int | None = None) -> int | None:
     """Rows of dummy queries to put in front of q so that SDPA's causal mask is the position rule, or None.
 
@@ -53,7 +58,7 @@ def causal_padding(q_positions: torch.Tensor, kv_positions: torch.Tensor, window
         return None
     if window is not None and int(q_positions.max() - kv_positions.min()) >= window:
         return None
-    if not torch.equal(kv_positions[pad:], q_positions) or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
+    if not torch.equal(kv_positions[pad:], q_positions) or not increasing(kv_positions):
         return None
     return pad
 
@@ -102,7 +107,7 @@ def block_bounds(q_positions: torch.Tensor, kv_positions: torch.Tensor, window: 
     """The candidate bounds, or None where blocks do not apply: per-head positions, at most one grain of
     queries, or positions not sorted on both sides."""
     seq = q_positions.numel()
-    if kv_positions.dim() != 1 or seq <= grain or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
+    if kv_positions.dim() != 1 or seq <= grain or not increasing(kv_positions):
         return None
     if not bool((q_positions[1:] >= q_positions[:-1]).all()):
         return None
@@ -194,7 +199,7 @@ def row_ranges(q_positions: torch.Tensor, kv_positions: torch.Tensor,
                window: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each query's visible entries as one range [first, end) of the cache: (first [S], end [S]) int32, or None
     where they are not one range (per-head positions, positions not increasing) or a query sees nothing."""
-    if kv_positions.dim() != 1 or not bool((kv_positions[1:] > kv_positions[:-1]).all()):
+    if kv_positions.dim() != 1 or not increasing(kv_positions):
         return None
     end = torch.searchsorted(kv_positions, q_positions, right=True)
     first = torch.zeros_like(end) if window is None else torch.searchsorted(kv_positions, q_positions - window + 1)
