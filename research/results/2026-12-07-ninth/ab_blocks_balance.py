@@ -2,9 +2,9 @@
 call) against the same with blocks of at most 32 rows charged 11% more key-rows (SDPA splits a block of <= 32
 rows into 9 head tasks, which leave one of 2 threads idle a ninth of the time). The engine's own chunk source,
 3 bench prompts, ratios 0.15 / 0.3 / 0.5."""
-import statistics, sys
+import sys
 import workers.attention as attention
-from engine_prompts import alternate, engine_and_prompts
+from engine_prompts import ab_attribute, engine_and_prompts
 
 shipped = attention.query_blocks
 
@@ -20,11 +20,5 @@ def balanced(q_positions, kv_positions, window=None, grain=16, call_cost=3000, m
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
 eng, prompts = engine_and_prompts()
-ratios = (0.15, 0.3, 0.5)
-variants = {"shipped": shipped, "balanced": balanced}
-t = alternate(eng, prompts, variants, lambda v: setattr(attention, "query_blocks", variants[v]), ratios, ROUNDS)
-attention.query_blocks = shipped
-for x in ratios:
-    a, b = statistics.median(t["shipped", x]), statistics.median(t["balanced", x])
-    print(f"{x}: shipped {a * 1e3:6.1f} ms  balanced {b * 1e3:6.1f} ms  ({a / b:.3f}x)")
+ab_attribute(eng, prompts, attention, "query_blocks", {"shipped": shipped, "balanced": balanced}, ROUNDS)
 eng.close()

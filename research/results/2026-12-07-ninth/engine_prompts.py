@@ -1,7 +1,7 @@
 """The set-up the ninth session's engine-side scripts share: an engine over a fresh disk store (default codec,
 `auto` kernel, no sequence tree), the blend bench's prompts (8 chunks of 128 tokens, seeds 0, 8, 9) ingested
 through it, and a blend prefill of one of them over the engine's own stored chunks, timed on its thread."""
-import tempfile, time
+import statistics, tempfile, time
 from workers.allocator import retain_freed_memory
 from ragkv.bench.rag_dataset import make_queries
 from workers.blend import BlendConfig
@@ -46,3 +46,20 @@ def alternate(eng, layouts, names, use, ratios, rounds: int) -> dict:
             for x in ratios:
                 times[name, x].append(sum(timed_blend(eng, layout, x) for layout in layouts) / len(layouts))
     return times
+
+
+def report(times: dict, before: str, after: str, ratios) -> None:
+    """One line per ratio: the two variants' medians and before / after."""
+    for x in ratios:
+        b, a = statistics.median(times[before, x]), statistics.median(times[after, x])
+        print(f"{x}: {before} {b * 1e3:6.1f} ms  {after} {a * 1e3:6.1f} ms  ({b / a:.3f}x)")
+
+
+def ab_attribute(eng, layouts, owner, attr: str, variants: dict, rounds: int, ratios=(0.15, 0.3, 0.5)) -> None:
+    """Alternate the two `variants` of `owner.attr` (patched in turn, restored after), then `report` them."""
+    original = getattr(owner, attr)
+    try:
+        times = alternate(eng, layouts, variants, lambda v: setattr(owner, attr, variants[v]), ratios, rounds)
+    finally:
+        setattr(owner, attr, original)
+    report(times, *variants, ratios)
