@@ -1,8 +1,14 @@
 """release_pool: a thread's idle OpenMP workers exit (workers/openmp.py), so the thread computing holds the
-process's only pool: the engine's building thread releases its own, an idle scheduler its own."""
+process's only pool: the engine's building thread releases its own, an idle scheduler its own.
+
+Workers are counted by name, not as the process's thread count: a worker thread starts with its creator's
+name (Linux copies it), and threads other tests left behind may exit at any moment. The parallel region is an
+elementwise op (ATen's own OpenMP loop, two threads above 32,768 elements), not a matmul, whose BLAS may
+choose one thread on its own (MKL counts physical cores)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -13,56 +19,71 @@ import torch
 from workers.batching.scheduler import BatchConfig, Scheduler
 from workers.openmp import release_pool
 
+PR_SET_NAME = 15
+needs_linux_and_two_threads = pytest.mark.skipif(
+    not os.path.isdir("/proc/self/task") or torch.get_num_threads() < 2, reason="needs Linux and two OpenMP threads")
 
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+
+def _name_this_thread(name: str) -> None:
+    assert ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode(), 0, 0, 0) == 0
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or torch.get_num_threads() < 2,
-                    reason="needs Linux and two OpenMP threads")
+def _named(name: str) -> int:
+    """How many of this process's threads are called `name`."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            count += open(f"/proc/self/task/{task}/comm").read().strip() == name
+        except OSError:  # exited while we looked
+            pass
+    return count
+
+
+def _parallel_region() -> None:
+    torch.empty(1 << 22).exp_()
+
+
+@needs_linux_and_two_threads
 def test_a_thread_hands_its_openmp_workers_back():
     counts = {}
 
     def work() -> None:  # a fresh thread: no pool until its first parallel region
-        before = _threads()
-        a = torch.randn(512, 512)
-        a @ a  # a parallel region: this thread's pool starts its workers
-        counts["pool"] = _threads() - before
+        _name_this_thread("ragkv-omp-a")
+        counts["alone"] = _named("ragkv-omp-a")
+        _parallel_region()  # this thread's pool starts its workers
+        counts["pool"] = _named("ragkv-omp-a")
         counts["released"] = release_pool()
-        counts["after"] = _threads() - before
-        a @ a  # the next region starts a new pool, and gets the same answer
-        counts["again"] = _threads() - before
+        counts["after"] = _named("ragkv-omp-a")
+        _parallel_region()  # the next region starts a new pool, of the same size
+        counts["again"] = _named("ragkv-omp-a")
 
     thread = threading.Thread(target=work)
     thread.start()
     thread.join()
-    assert counts["pool"] >= 1
+    assert counts["alone"] == 1
+    assert counts["pool"] >= 2
     assert counts["released"] is True
-    assert counts["after"] == 0
+    assert counts["after"] == 1
     assert counts["again"] == counts["pool"]
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or torch.get_num_threads() < 2,
-                    reason="needs Linux and two OpenMP threads")
+@needs_linux_and_two_threads
 def test_an_idle_scheduler_hands_its_openmp_workers_back():
     """A second engine, or the caller, computing while this scheduler idles gets the process's only pool."""
     scheduler = Scheduler(BatchConfig(), prefill=lambda seq: None, decode=lambda seqs: None)
     try:
-        scheduler.call(lambda: None)  # its thread runs, then idles
-        base = _settled(lambda n: True)
-        a = torch.randn(512, 512)
-        during = scheduler.call(lambda: (a @ a, _threads())[1])  # a parallel region on the scheduler's thread
-        assert during > base
-        assert _settled(lambda n: n == base) == base  # idle again: its workers have exited
+        scheduler.call(lambda: _name_this_thread("ragkv-omp-s"))  # its thread runs, then idles
+        assert _settled("ragkv-omp-s", 1) == 1
+        during = scheduler.call(lambda: (_parallel_region(), _named("ragkv-omp-s"))[1])
+        assert during >= 2  # the scheduler's thread and its workers
+        assert _settled("ragkv-omp-s", 1) == 1  # idle again: its workers have exited
     finally:
         scheduler.close()
 
 
-def _settled(done, timeout_s: float = 5.0) -> int:
-    """The thread count once `done(count)` holds and it stays put for a moment (bounded by timeout_s)."""
+def _settled(name: str, want: int, timeout_s: float = 5.0) -> int:
+    """How many threads are called `name` once that is `want` (or timeout_s has passed)."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        count = _threads()
-        time.sleep(0.2)
-        if (done(count) and _threads() == count) or time.monotonic() > deadline:
-            return _threads()
+    while _named(name) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _named(name)
