@@ -29,6 +29,8 @@ import torch
 from kvstore.kv import ChunkKV
 from workers.attention import PlanMemo
 from workers.cache import KVCache, LayerKV
+from workers.context_drift import ContextDrift, chunk_slots, drifted
+from workers.placement import place
 from workers.prompt import PromptLayout
 from workers.selection import CHECK_LAYER, SELECTIONS, Selection, SelectionContext, make_selection
 
@@ -126,9 +128,13 @@ class Recomputed:
 
 
 def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[ChunkKV],
-                head: Sequence[ChunkKV] = ()) -> tuple[KVCache, torch.Tensor]:
+                head: Sequence[ChunkKV] = (), drift: ContextDrift | None = None,
+                first: bool = True) -> tuple[KVCache, torch.Tensor]:
     """Fused cache over the whole prompt: exact prefix KV (the system-prompt prefix, then the `head` pieces,
     keys already at their real positions, up to layout.prefix_len), re-rotated chunk KV, zeros for the rest.
+    With `drift`, each chunk is shifted by its slot's context drift as it is placed (`first`: the first chunk
+    is the prompt's first, not one after an exact head; context_drift.chunk_slots), in the same pass
+    (workers/placement.py).
 
     Returns the cache and `computed` [prompt_len] bool: tokens with no stored KV (must be computed).
     Every stored tensor is copied into the cache's own buffers: the inputs are never written.
@@ -149,17 +155,16 @@ def fuse_chunks(runner, layout: PromptLayout, prefix: ChunkKV, chunks: list[Chun
         raise ValueError(f"the exact prefix holds {start} tokens, the layout's {layout.prefix_len}")
     computed[: layout.prefix_len] = False
     head_mask = None  # [L, Hkv, n] once a chunk compressed at ingest is placed: its dropped entries are masked
-    for (start, end), chunk in zip(layout.chunk_spans, chunks):
+    for (start, end), chunk, slot in zip(layout.chunk_spans, chunks, chunk_slots(len(chunks), first)):
         computed[start:end] = False
         if chunk.positions is not None:  # compressed at ingest: kept entries only (workers/eviction/chunks.py)
             if head_mask is None:
                 head_mask = torch.ones(keys.shape[:3], dtype=torch.bool, device=device)
+            chunk = chunk if drift is None else drifted(chunk, slot, drift, runner.inv_freq)
             place_chunk(keys, values, head_mask, start, chunk, runner.inv_freq)
             continue
-        # one rotation: re-rotation by `start`, or pre-RoPE keys rotated at start.. (ChunkKV.keys_at);
-        # Triton on CUDA, kvstore.rope otherwise (kvstore/kernels/dispatch.py)
-        keys[:, :, start:end] = chunk.keys_at(start, runner.inv_freq, dtype, device)
-        values[:, :, start:end] = chunk.values  # copy_ converts dtype and device in the same pass
+        # drift, one rotation (re-rotation by `start`, or pre-RoPE keys rotated at start..) and the copy
+        place(keys, values, start, chunk, runner.inv_freq, drift, slot)
     gaps = computed.nonzero().flatten()  # separators, question, template: no stored KV until blend writes theirs
     keys.index_fill_(2, gaps, 0)
     values.index_fill_(2, gaps, 0)

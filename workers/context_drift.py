@@ -11,7 +11,8 @@ to a prompt, three draws per sample question), for the first chunk of a prompt a
 ones, and stored next to the model's converted copy like the key plan.
 
 Keys are shifted before RoPE (each entry's shift rotated to its position), values as they are. The shift is
-added to each chunk as it is placed (`drifted`, in the chunk's own frame; the placing rotation carries it on).
+added to each chunk as it is placed, in the same pass as its rotation and copy (workers/placement.py; `drifted`
+is the same shift as a torch op, in the chunk's own frame, which the placing rotation carries on).
 Shapes: 2 slots (first chunk, later chunks), L layers, H kv heads, T tokens, D head dim.
 """
 
@@ -54,7 +55,7 @@ def drifted(chunk: ChunkKV, slot: int, drift: ContextDrift, inv_freq: torch.Tens
 
     Pre-RoPE keys take the drift as it is; post-RoPE keys (rotated at their positions in the chunk: 0..n-1, or a
     compressed chunk's own) take it rotated to those positions. Values take it as it is. One pass over the
-    chunk, made while it is placed, instead of a pass over every layer of the prompt's cache afterwards.
+    chunk, instead of a pass over every layer of the prompt's cache afterwards.
     Shapes: keys/values [L, H, T, D]; drift [2, L, H, D] -> the slot's [L, H, 1, D]."""
     device = chunk.keys.device
     keys = drift.keys[slot].to(device)[:, :, None, :]  # [L, H, 1, D] fp32, pre-RoPE
@@ -68,11 +69,6 @@ def drifted(chunk: ChunkKV, slot: int, drift: ContextDrift, inv_freq: torch.Tens
         keys = apply_rope(keys, cos, sin)  # [L, H, T, D]
     return replace(chunk, keys=(chunk.keys + keys).to(chunk.keys.dtype),
                    values=(chunk.values + values).to(chunk.values.dtype))
-
-
-def shift_chunks(chunks: list[ChunkKV], drift: ContextDrift, first: bool, inv_freq: torch.Tensor) -> list[ChunkKV]:
-    """Every chunk to be placed, shifted by its slot's drift (`chunk_slots`); the inputs are not written."""
-    return [drifted(chunk, slot, drift, inv_freq) for chunk, slot in zip(chunks, chunk_slots(len(chunks), first))]
 
 
 def _sample_chunks(runner) -> list[list[int]]:

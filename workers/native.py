@@ -2,8 +2,9 @@
 
     workers/batching/avx2.c     the decode step (4/8-bit matrix-vector products, one call per layer)
     workers/row_attention.c     prefill attention of query rows over their own ranges of cached entries
+    workers/placement.c         a stored chunk placed into a prompt's cache: drift, rotation and copy in one pass
 
-Both include workers/simd.h (shared AVX2 helpers). A library is named by a hash of its source, the header and
+The first two include workers/simd.h (shared AVX2 helpers). A library is named by a hash of its source, the header and
 the flags and looked for in paths.native_dirs(): prebuilt in the environment (`python -m workers.native`, run
 by the container images, whose runtime has no compiler), else built on first use into the cache directory,
 under a temporary name and renamed, so processes building at once never load a half-written file. x86 with AVX2, FMA and F16C only; elsewhere `load` says why not and
@@ -26,7 +27,8 @@ import torch
 from workers.paths import native_dirs
 
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
-SOURCES = (Path(__file__).parent / "batching" / "avx2.c", Path(__file__).with_name("row_attention.c"))
+SOURCES = (Path(__file__).parent / "batching" / "avx2.c", Path(__file__).with_name("row_attention.c"),
+           Path(__file__).with_name("placement.c"))
 INCLUDE = Path(__file__).parent  # simd.h: the AVX2 helpers every source includes
 HEADERS = (INCLUDE / "simd.h",)
 

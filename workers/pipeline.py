@@ -9,8 +9,8 @@ engine's block store (workers/chunk_source.py), or KV a caller already holds (`H
 
     full:            prefill every token
     prefix:          stored prefix block (+ the exact head, below), prefill the rest
-    reuse / blend:   stored prefix + exact head + chunks -> context drift shift -> fuse (re-rotate)
-                     -> recompute -> logits
+    reuse / blend:   stored prefix + exact head + chunks -> fuse (each chunk shifted by the context drift
+                     and re-rotated as it is placed, one pass) -> recompute -> logits
 
 The exact head (workers/sequences.py): the KV of the prompt's leading chunks in the same order, stored
 from an earlier exact prefill. It is used as it is, like the prefix; only the chunks after it are
@@ -30,7 +30,7 @@ from kvstore.kv import ChunkKV
 from workers.blend import BlendConfig, fuse_chunks, recompute, recompute_budget
 from workers.cache import KVCache
 from workers.chunk_forms import DEFAULT_CHUNK_FORM
-from workers.context_drift import context_drift, shift_chunks
+from workers.context_drift import context_drift
 from workers.eviction.chunks import compact
 from workers.modes import PrefillPlan
 from workers.prompt import PromptLayout
@@ -163,12 +163,13 @@ def run_prefill(runner, layout: PromptLayout, plan: PrefillPlan, source: ChunkSo
     compressed = stats.compressed_chunks > 0
     config = None if plan.blend is None else plan.blend.for_prompt(compressed)
     budget = recompute_budget(config, sum(end - start for start, end in rest.chunk_spans))  # of the stored chunk tokens
+    drift = None
     if rest.chunk_spans and _shifts(plan, config, budget, compressed):
-        with watch.stage("shift"):  # after an exact head, no chunk is the prompt's first
-            chunks = shift_chunks(chunks, context_drift(runner, chunk_form), not head.chunks, runner.inv_freq)
+        with watch.stage("shift"):  # the model's drift (measured once); added as each chunk is placed
+            drift = context_drift(runner, chunk_form)
             stats.context_drift = True
-    with watch.stage("fuse"):
-        cache, computed = fuse_chunks(runner, rest, prefix, chunks, nodes)
+    with watch.stage("fuse"):  # after an exact head, no chunk is the prompt's first
+        cache, computed = fuse_chunks(runner, rest, prefix, chunks, nodes, drift, first=not head.chunks)
     with watch.stage("layers"):
         done = recompute(runner, rest, cache, computed, config, observer=observer)
     with watch.stage("logits"):
