@@ -155,7 +155,9 @@ class AttentionPlan:
     def run(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
         """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
         if self.ranges is not None:
-            return row_attention.attend_rows(q, keys, values, *self.ranges, scale)
+            if row_attention.fits(q.shape[0], keys.shape[0], q.shape[2]):
+                return row_attention.attend_rows(q, keys, values, *self.ranges, scale)
+            return _range_mask_plan(self.ranges, keys.shape[1], q.dtype).run(q, keys, values, scale)
         if self.parts:  # each block of queries over the keys it can see
             return torch.cat([plan.run(q[:, a:b], keys[:, lo:hi], values[:, lo:hi], scale)
                               for a, b, lo, hi, plan in self.parts])
@@ -167,6 +169,16 @@ class AttentionPlan:
                                              enable_gqa=keys.shape[0] != num_heads)  # [1, Hq, S', D]
         out = out[:, :, self.pad:] if self.pad else out  # [1, Hq, S, D]
         return out[0].transpose(0, 1).reshape(seq, num_heads * head_dim)
+
+
+def _range_mask_plan(ranges: tuple[torch.Tensor, torch.Tensor], entries: int, dtype: torch.dtype) -> AttentionPlan:
+    """SDPA under the additive mask of row ranges (row i sees entries [first[i], end[i])): for a head layout the
+    row kernel does not take (a head size that is not a multiple of 8)."""
+    first, end = (r.long()[:, None] for r in ranges)
+    slots = torch.arange(entries, device=first.device)[None]  # [1, T]
+    visible = (slots >= first) & (slots < end)  # [S, T]
+    return AttentionPlan(mask=torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+                         .masked_fill_(~visible, float("-inf"))[None, None])
 
 
 def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_mask: torch.Tensor | None,

@@ -44,9 +44,14 @@ def unavailable() -> str | None:
 
 
 def usable(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """fp32 tensors on a CPU where the kernel built (any head count and a head size that is a multiple of 8,
-    checked by attend_rows)."""
+    """fp32 tensors on a CPU where the kernel built (for a head layout it `fits`; an AttentionPlan of row ranges
+    runs any other under SDPA's mask of the same ranges)."""
     return dtype == torch.float32 and torch.device(device).type == "cpu" and _library() is not None
+
+
+def fits(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Does the kernel take this head layout: whole query groups, and a head size that is a multiple of 8?"""
+    return head_dim % 8 == 0 and num_heads % num_kv_heads == 0
 
 
 def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
@@ -54,7 +59,7 @@ def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first
     """q [Hq, S, D]; keys/values [Hkv, T, D] (CPU; computed in fp32); first/end [S] int32 with
     first < end <= T -> the attention of row i over entries [first[i], end[i]) of its kv head: [S, Hq * D] fp32."""
     num_heads, seq, dim = q.shape
-    if dim % 8 or num_heads % keys.shape[0]:
+    if not fits(num_heads, keys.shape[0], dim):
         raise ValueError(f"row attention needs a head size that is a multiple of 8 and whole query groups "
                          f"(got {num_heads} heads of {dim} over {keys.shape[0]})")
     q = q.float().contiguous()

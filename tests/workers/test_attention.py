@@ -325,3 +325,18 @@ def test_the_row_kernel_sums_a_long_range_in_blocks():
     q = torch.zeros(9, 1, 64)  # every score 0
     out = _attend("rows", q, keys, values, torch.tensor([t - 1]), torch.arange(t), 0.125)
     assert (out.double() - 1 / 3).abs().max() < 2e-7
+
+
+def test_a_head_size_the_kernel_does_not_take_runs_its_row_ranges_under_sdpa():
+    """A plan of row ranges (planned before the head size is known) over heads of 12: the ranges' mask, under SDPA,
+    the same as the masked attention; the kernel itself refuses such heads."""
+    torch.manual_seed(3)
+    p = torch.arange(50)
+    rows = torch.tensor([3, 17, 18, 40, 49])
+    q, k, v = torch.randn(4, 5, 12), torch.randn(2, 50, 12), torch.randn(2, 50, 12)
+    plan = plan_attention(rows, p, None, 4, None, torch.float32)
+    assert plan.ranges is not None or row_attention.unavailable() is not None
+    torch.testing.assert_close(plan.run(q, k, v, 0.3), _masked(q, k, v, rows, p, 0.3), atol=1e-6, rtol=1e-5)
+    assert not row_attention.fits(4, 2, 12) and row_attention.fits(4, 2, 16) and not row_attention.fits(3, 2, 16)
+    with pytest.raises(ValueError, match="multiple of 8"):  # refused before the library is needed
+        row_attention.attend_rows(q, k, v, torch.zeros(5, dtype=torch.int32), rows.int() + 1, 0.3)
