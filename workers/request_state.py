@@ -29,14 +29,15 @@ class RequestState:
     prefill: PrefillStats | None = None
     compressor: object | None = None  # token-level eviction (workers/eviction), when the request asks for it
     ttft_s: float = 0.0
-    queued_s: float = 0.0
+    prompt_s: float = 0.0  # the prompt resolved (chunks tokenized or looked up, laid out) on the caller's thread
+    queued_s: float = 0.0  # submitted, waiting for the scheduler to start its prefill
     first_logits: torch.Tensor | None = None  # [vocab], kept for a shadow check only
 
     def stats(self) -> dict:
         """The prefill's stats as GenerateResult.stats carries them (the compression's, when it ran)."""
         stats = {**self.prefill.as_dict(), "blend_setting": self.blend_setting, "prefill_s": self.ttft_s,
-                 "queued_s": self.queued_s}
-        stats["breakdown"] = {"queue": self.queued_s, **self.prefill.breakdown}
+                 "queued_s": self.queued_s, "prompt_s": self.prompt_s}
+        stats["breakdown"] = {"prompt": self.prompt_s, "queue": self.queued_s, **self.prefill.breakdown}
         if self.compressor is not None:
             stats["compression"] = self.compressor.stats()
         return stats

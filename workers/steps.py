@@ -25,6 +25,7 @@ class RequestSteps:
 
     def prefill(self, seq: Sequence) -> None:
         """Fill the cache by the request's plan, compress it when asked, leave the first token's logits."""
+        begun = time.perf_counter()
         state: RequestState = seq.state
         layout = state.layout
         state.compressor = compressor = make_compressor(self.runner, seq.request.compression, layout)
@@ -38,7 +39,7 @@ class RequestSteps:
             compressor.prepare(self.runner, out.cache, layout.token_ids, (0, layout.suffix_start))
             compressor.compress(out.cache)
         state.prefill, state.ttft_s = out.stats, time.perf_counter() - state.start
-        state.queued_s = seq.arrived - state.start
+        state.prompt_s, state.queued_s = seq.arrived - state.start, begun - seq.arrived
         seq.cache, seq.logits, seq.next_position = out.cache, out.logits, layout.num_tokens
         seq.hooks = compressor.decode_hooks() if compressor else DecodeHooks()
         seq.stop_ids = self.runner.stop_token_ids

@@ -4,6 +4,8 @@ The suite runs against both EngineProtocol implementations: `Engine` in process 
 (one actor on a real local Ray over the session's redis-server), so the two cannot drift apart.
 """
 
+import threading
+import time
 import uuid
 
 import pytest
@@ -113,6 +115,22 @@ def test_all_modes_share_prompt_ids_and_full_equals_transformers(each_engine, ru
     assert results["reuse"].stats["recomputed_tokens"] == 0 and not results["reuse"].stats["context_drift"]
     assert set(results["blend"].stats["breakdown"]) >= {"queue", "load", "fuse", "layers", "logits"}
     assert 0 < results["blend"].stats["recomputed_tokens"] < results["full"].stats["recomputed_tokens"]
+
+
+def test_the_breakdown_tells_preparing_the_prompt_from_waiting_for_the_scheduler(engine):
+    """`prompt`: chunks tokenized and the prompt laid out on the caller's thread; `queue`: submitted while the
+    scheduler was busy (here with a 0.5 s call); with the prefill's parts they stay within the time to the first
+    token."""
+    busy = threading.Event()
+    other = threading.Thread(target=lambda: engine.scheduler.call(lambda: (busy.set(), time.sleep(0.5))))
+    other.start()
+    assert busy.wait(10)
+    result = engine.generate(GenerateRequest(question=QUESTION, chunks=CHUNKS[:2], mode="reuse", max_new_tokens=2))
+    other.join()
+    parts = result.stats["breakdown"]
+    assert parts["queue"] >= 0.2 and 0 < parts["prompt"] < parts["queue"]
+    assert result.stats["queued_s"] == parts["queue"] and result.stats["prompt_s"] == parts["prompt"]
+    assert sum(parts.values()) <= result.stats["prefill_s"] + 1e-6
 
 
 def test_ingest_ids_are_content_addresses_and_usable_by_id(any_engine):
