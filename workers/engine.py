@@ -5,6 +5,8 @@ It only orchestrates; the math lives in blend.py, rope.py, eviction/ and the run
 
 from __future__ import annotations
 
+import array
+import functools
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ragkv.engine")
 
 MAX_CHUNK_TOKENS = 4096
+# chunk texts whose token ids are kept (RAG traffic repeats its documents; tokenizing took ~0.2 ms a chunk), up to
+# a length: at most ~32 MB of texts and ids
+CHUNK_TEXTS_KEPT, CHUNK_TEXT_KEPT_CHARS = 2048, 8192
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ class Engine:
         self.runner = (runner or ModelRunner.load(config.model, device=config.device)).with_kernel(config.prefill_kernel)
         if config.prompt_template:  # before anything is addressed: the template's tokens are the prompt's prefix
             use_template(self.runner.tokenizer, template_file(config.prompt_template))
+        self._chunk_ids = functools.lru_cache(maxsize=CHUNK_TEXTS_KEPT)(
+            lambda text: array.array("i", self.runner.tokenize(text)))  # 4 bytes an id; never handed out
         backend = open_store_backend(config)
         # decoded blocks land on the model's device: payload copied once, dequantized there (Triton on CUDA)
         # the chunk form is part of what a chunk block is addressed and verified by
@@ -133,8 +140,9 @@ class Engine:
 
     # -- chunks ---------------------------------------------------------------
     def tokenize_chunk(self, text: str, field_name: str) -> list[int]:
-        """A chunk's token ids; InvalidArgument(field_name) when it has none or too many."""
-        token_ids = self.runner.tokenize(text)
+        """A chunk's token ids (a text seen before: looked up); InvalidArgument(field_name) when it has none or too
+        many."""
+        token_ids = list(self._chunk_ids(text)) if len(text) <= CHUNK_TEXT_KEPT_CHARS else self.runner.tokenize(text)
         if not token_ids:
             raise InvalidArgument(field_name, "has no tokens")
         if len(token_ids) > MAX_CHUNK_TOKENS:

@@ -162,6 +162,19 @@ def test_invalid_requests_name_the_field():
         GenerateRequest(question="q", chunks=["x"], mode="fast")
 
 
+def test_a_chunk_text_seen_before_gives_the_same_ids_without_sharing_them(engine, runner):
+    """Chunk texts' token ids are kept (bounded, short texts only): the same ids as tokenizing, a fresh list each
+    time, and the limits still apply to a long text, which is not kept."""
+    first = engine.tokenize_chunk(CHUNKS[0], "chunks[0]")
+    first.append(-1)  # the caller's list: the kept ids are not touched
+    assert engine.tokenize_chunk(CHUNKS[0], "chunks[0]") == runner.tokenize(CHUNKS[0])
+    long = "lorem ipsum dolor sit amet " * 1000  # over the token limit and over the kept length
+    with pytest.raises(InvalidArgument, match="chunks\\[3\\].*over the limit"):
+        engine.tokenize_chunk(long, "chunks[3]")
+    with pytest.raises(InvalidArgument, match="chunks\\[1\\]"):
+        engine.tokenize_chunk("", "chunks[1]")
+
+
 def test_streaming_pieces_join_to_the_text(each_engine):
     engine = each_engine
     request = GenerateRequest(question=QUESTION, chunks=CHUNKS, max_new_tokens=10)
