@@ -28,8 +28,11 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from transformers.activations import SiLUActivation
 
 from kvstore.registry import registrar
+
+SILU_MODULES = (torch.nn.SiLU, SiLUActivation)  # activations whose forward is F.silu, run in place by the bf16 MLP
 
 PREFILL_KERNELS: dict[str, Callable[[list], "Projections"]] = {}
 AUTO = "auto"  # not a kernel: bf16 where the device multiplies bf16 natively, else fp32 (resolve_prefill_kernel)
@@ -158,7 +161,9 @@ class Bf16Projections(Projections):
         lay = self.layers[layer]
         gate_up = lay.gate_up(x.to(torch.bfloat16)).float()  # [S, 2 I]
         gate, up = gate_up.chunk(2, dim=-1)
-        return lay.down((lay.act(gate) * up).to(torch.bfloat16)).float()
+        # in place, in the fp32 copy: the same kernels and bits as act(gate) * up, two [S, I] buffers fewer
+        # (1,116 rows: 2.2-2.5 against 1.4-1.8 ms a layer)
+        return lay.down(_act_in_place(lay.act, gate).mul_(up).to(torch.bfloat16)).float()
 
     def head(self, x):
         if isinstance(self.lm_head, Bf16Matrix):
@@ -224,6 +229,13 @@ class _Bf16Layer:
         return cls(bf16(*projections), bias, [p.weight.shape[0] for p in projections], bf16(*projections[1:]),
                    bf16(attn.o_proj),
                    bf16(mlp.gate_proj, mlp.up_proj), bf16(mlp.down_proj), mlp.act_fn)
+
+
+def _act_in_place(act: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """act(x), written over x where the activation is SiLU (torch's module or transformers'), else a new tensor."""
+    if isinstance(act, SILU_MODULES):
+        return F.silu(x, inplace=True)
+    return act(x)
 
 
 def _linears(block) -> tuple:

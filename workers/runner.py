@@ -246,12 +246,13 @@ class ModelRunner:
         plan = None if plans is None else plans.plan(positions, kv.positions, kv.head_mask, q.shape[0], window, q.dtype)
         out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask, window, plan)
         out = self.projections.o(layer, out)
+        # the first residual makes this layer's own tensor; the second adds into it (the same bits, one buffer less)
         if self.sandwich_norms:  # Gemma: h += norm(attn); h += norm(mlp(norm(h)))
             hidden = hidden + block.post_attention_layernorm(out)
             mlp = self.projections.mlp(layer, block.pre_feedforward_layernorm(hidden))
-            return hidden + block.post_feedforward_layernorm(mlp)
+            return hidden.add_(block.post_feedforward_layernorm(mlp))
         hidden = hidden + out
-        return hidden + self.projections.mlp(layer, block.post_attention_layernorm(hidden))
+        return hidden.add_(self.projections.mlp(layer, block.post_attention_layernorm(hidden)))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden] -> logits [S, vocab] (fp32)."""

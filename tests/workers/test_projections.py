@@ -68,6 +68,19 @@ def test_packed_bf16_weights_give_f_linear_bit_for_bit(runner):
 
 
 @pytest.mark.parametrize("model", ["runner", "gemma_runner"])
+def test_the_bf16_mlp_is_its_matrices_and_activation_bit_for_bit(model, request):
+    """The MLP's activation runs in place over the fp32 copy of gate|up where it is SiLU (SmolLM2; Gemma 3's
+    GELU-tanh does not): the same bits as act(gate) * up out of place."""
+    runner = request.getfixturevalue(model).with_kernel("bf16")
+    lay = runner.projections.layers[2]
+    for rows in (1, 33, 300):
+        x = torch.randn(rows, runner.model.config.hidden_size, generator=torch.Generator().manual_seed(rows))
+        gate, up = lay.gate_up(x.to(torch.bfloat16)).float().chunk(2, dim=-1)
+        want = lay.down((lay.act(gate) * up).to(torch.bfloat16)).float()
+        assert torch.equal(runner.projections.mlp(2, x), want)
+
+
+@pytest.mark.parametrize("model", ["runner", "gemma_runner"])
 @pytest.mark.parametrize("kernel", ["fp32", "bf16"])
 def test_kv_alone_is_qkvs_k_and_v_bit_for_bit(model, kernel, request):
     """Blend's choice of tokens takes fresh K/V without the queries (runner.kv): the same K and V as the
