@@ -2,29 +2,16 @@
 copy) against the torch ops it replaces (the tenth session's path: a shifted copy, a rotated copy, the write), for
 full, reuse and blend at 0.15 / 0.3 / 0.5 over the engine's own stored chunks, 3 bench prompts, on the
 scheduler's thread. Prints each mode's median and blend's speedup over full within each variant. argv: rounds (5)."""
-import os, statistics, sys, time
+import os, statistics, sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "2026-12-07-ninth"))
-from engine_prompts import engine_and_prompts
+from engine_prompts import engine_and_prompts, mode_plans, prefill_on_thread
 import workers.placement as placement
-from workers.blend import BlendConfig
-from workers.modes import plan_for
-from workers.pipeline import run_prefill
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 eng, layouts = engine_and_prompts()
 native = placement.runs_native
 variants = {"torch": lambda *a: False, "one pass": native}
-plans = {"full": plan_for("full", BlendConfig()), "reuse": plan_for("reuse", BlendConfig())}
-plans.update({x: plan_for("blend", BlendConfig(recompute_ratio=x)) for x in (0.15, 0.3, 0.5)})
-
-
-def timed(layout, plan):
-    def one():
-        source = eng.chunks.for_request("", [None] * len(layout.chunk_spans), lambda: False)
-        start = time.perf_counter()
-        out = run_prefill(eng.runner, layout, plan, source, eng.config.chunk_form)
-        return time.perf_counter() - start, out.stats.breakdown
-    return eng.scheduler.call(one)
+plans = mode_plans()
 
 
 times = {(v, m): [] for v in variants for m in plans}
@@ -34,9 +21,10 @@ for i in range(ROUNDS):
     for v in names[i % 2:] + names[:i % 2]:
         placement.runs_native = variants[v]
         for m, plan in plans.items():
-            runs = [timed(layout, plan) for layout in layouts]
+            runs = [prefill_on_thread(eng, layout, plan) for layout in layouts]
             times[v, m].append(sum(t for t, _ in runs) / len(runs))
-            stages[v, m].append(sum(b.get("shift", 0) + b.get("fuse", 0) for _, b in runs) / len(runs))
+            stages[v, m].append(sum(o.stats.breakdown.get("shift", 0) + o.stats.breakdown.get("fuse", 0)
+                                    for _, o in runs) / len(runs))
 placement.runs_native = native
 med = {k: statistics.median(x) for k, x in times.items()}
 mst = {k: statistics.median(x) for k, x in stages.items()}

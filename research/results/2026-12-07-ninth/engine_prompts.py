@@ -24,6 +24,22 @@ def engine_and_prompts(seeds=(0, 8, 9)):
     return eng, layouts
 
 
+def mode_plans(ratios=(0.15, 0.3, 0.5)) -> dict:
+    """{"full", "reuse", ratio...: PrefillPlan}: the modes the eleventh session's scripts time and compare."""
+    plans = {"full": plan_for("full", BlendConfig()), "reuse": plan_for("reuse", BlendConfig())}
+    return {**plans, **{x: plan_for("blend", BlendConfig(recompute_ratio=x)) for x in ratios}}
+
+
+def prefill_on_thread(eng, layout, plan):
+    """(seconds, Prefilled) of one prefill under `plan` over the engine's stored chunks, on the scheduler's thread."""
+    def one():
+        source = eng.chunks.for_request("", [None] * len(layout.chunk_spans), lambda: False)
+        start = time.perf_counter()
+        out = run_prefill(eng.runner, layout, plan, source, eng.config.chunk_form)
+        return time.perf_counter() - start, out
+    return eng.scheduler.call(one)
+
+
 def timed_blend(eng, layout, ratio: float) -> float:
     """Seconds of one blend prefill at `ratio` over the engine's stored chunks, on the scheduler's thread."""
     def one():
