@@ -1,6 +1,6 @@
 """`ragkv bench serve`'s 8-client workload (blend requests at the server's setting, 48 new tokens, 2 per client)
 against a batched server (--max-batch 16) and one at a time (--max-batch 1), one run. Per request, from its
-stats: the prefill's compute (its breakdown without the queue) and its decode time (total - ttft) on the
+stats: the prefill's compute (its breakdown without the queue and the prompt's preparation) and its decode time (total - ttft) on the
 one-at-a-time server. The batched wall can never be below the sum of the prefills (they run one after
 another on the same cores), so (prefills + decodes) / prefills bounds the ratio even for a free batched decode."""
 import json, sys, tempfile, threading, time
@@ -30,7 +30,7 @@ with tempfile.TemporaryDirectory() as tmp:
                     results[i] = c.generate(**requests[i])
         wall = run_clients(loop, CLIENTS)
         server.stop()
-        prefill = sum(sum(v for k, v in r.stats["breakdown"].items() if k != "queue") for r in results)
+        prefill = sum(sum(v for k, v in r.stats["breakdown"].items() if k not in ("queue", "prompt")) for r in results)
         decode = sum(r.total_s - r.ttft_s for r in results)
         out[name] = {"wall_s": round(wall, 2), "prefill_compute_s": round(prefill, 2), "decode_s": round(decode, 2),
                      "blend_method": sorted({r.stats.get("blend_method") for r in results}),
