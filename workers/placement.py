@@ -81,12 +81,16 @@ def _place_native(keys, values, start, chunk, inv_freq, drift, slot) -> None:
         token = 0
     layer = 0 if cos.dim() == 2 else cos[0].numel()  # per-layer frequencies (Gemma 3): one table a layer
     cos, sin = cos.contiguous(), sin.contiguous()
+    num_layers, num_heads = keys.shape[:2]
+    if cos.shape[-1] != dim or (layer and cos.shape[0] != num_layers):  # the C pass reads whole tables
+        raise ValueError(f"RoPE frequencies {tuple(freq.shape)} do not fit keys of {num_layers} layers x {dim}")
     dk = dv = None
     if drift is not None:  # [L, H, D] of the chunk's slot, pre-RoPE
         dk, dv = drift.keys[slot].float().contiguous(), drift.values[slot].float().contiguous()
+        if dk.shape != (num_layers, num_heads, dim) or dv.shape != dk.shape:
+            raise ValueError(f"a context drift of {tuple(dk.shape)} does not fit keys {tuple(keys.shape)}")
     src_k, src_v = chunk.keys.contiguous(), chunk.values.contiguous()
     out_k, out_v = keys[:, :, start:], values[:, :, start:]
-    num_layers, num_heads = src_k.shape[:2]
     _library().ragkv_place(src_k.data_ptr(), src_v.data_ptr(), _ptr(dk), _ptr(dv), num_layers, num_heads, count, dim,
                            cos.data_ptr(), sin.data_ptr(), layer, token, out_k.data_ptr(), out_v.data_ptr(),
                            keys.stride(0), keys.stride(1))

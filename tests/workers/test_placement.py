@@ -115,3 +115,17 @@ def test_a_chunk_that_does_not_fit_is_refused(start):
         placement.place(torch.zeros(L, H, P, 64), torch.zeros(L, H, P, 64), start, _chunk(64, True, inv_freq), inv_freq)
     with pytest.raises(ValueError, match="does not fit"):  # other layers or heads than the cache's
         placement.place(torch.zeros(L, H + 1, P, 64), torch.zeros(L, H + 1, P, 64), 0, _chunk(64, True, inv_freq), inv_freq)
+
+
+@needs_kernel
+def test_frequencies_or_a_drift_of_another_shape_are_refused_not_read_past():
+    """The C pass reads whole tables: RoPE frequencies or a drift that do not fit the keys are an error."""
+    inv_freq = _inv_freq(64)
+    chunk = _chunk(64, True, inv_freq)
+    keys, values = torch.zeros(L, H, P, 64), torch.zeros(L, H, P, 64)
+    other = ChunkKV(chunk.keys, chunk.values, chunk.token_ids, pre_rope=True, inv_freq=_inv_freq(32))
+    with pytest.raises(ValueError, match="frequencies"):
+        placement.place(keys, values, 0, other, inv_freq)
+    small = ContextDrift(keys=torch.zeros(2, L, H - 1, 64), values=torch.zeros(2, L, H - 1, 64))
+    with pytest.raises(ValueError, match="drift"):
+        placement.place(keys, values, 0, chunk, inv_freq, small, 1)
