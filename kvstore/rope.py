@@ -64,6 +64,11 @@ class RopeTable:
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [..., T] (>= 0) -> cos, sin [..., T, D] on positions' device."""
+        cos, sin = self.covering(positions)
+        return cos[positions], sin[positions]
+
+    def covering(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole tables cos, sin [P, D] on positions' device, grown until P is above every position."""
         cos, sin = self.table
         if positions.numel() and int(positions.max()) >= cos.shape[0]:
             size = max(2 * cos.shape[0], int(positions.max()) + 1, 64)
@@ -73,7 +78,7 @@ class RopeTable:
         if cos.device != positions.device:
             cos, sin = cos.to(positions.device), sin.to(positions.device)
             self.table = (cos, sin)
-        return cos[positions], sin[positions]
+        return cos, sin
 
 
 def rerotate_keys(keys: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor,

@@ -2,7 +2,7 @@
 
     workers/batching/avx2.c     the decode step (4/8-bit matrix-vector products, one call per layer)
     workers/row_attention.c     prefill attention of query rows over their own ranges of cached entries
-    workers/placement.c         a stored chunk placed into a prompt's cache: drift, rotation and copy in one pass
+    workers/rotary.c            RoPE in one pass: a stored chunk placed (drift, rotation, copy), a pass's q/k
 
 The first two include workers/simd.h (shared AVX2 helpers). A library is named by a hash of its source, the header and
 the flags and looked for in paths.native_dirs(): prebuilt in the environment (`python -m workers.native`, run
@@ -28,7 +28,7 @@ from workers.paths import native_dirs
 
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 SOURCES = (Path(__file__).parent / "batching" / "avx2.c", Path(__file__).with_name("row_attention.c"),
-           Path(__file__).with_name("placement.c"))
+           Path(__file__).with_name("rotary.c"))
 INCLUDE = Path(__file__).parent  # simd.h: the AVX2 helpers every source includes
 HEADERS = (INCLUDE / "simd.h",)
 

@@ -1,5 +1,5 @@
 """Placing a stored chunk into a prompt's cache: its slot's context drift, the rotation to its place and the
-copy, in one pass (placement.c) instead of three (a shifted copy, a rotated copy, the write into the cache).
+copy, in one pass (rotary.c: ragkv_place) instead of three (a shifted copy, a rotated copy, the write into the cache).
 
     place(keys, values, start, chunk, inv_freq, drift=None, slot=1)
         keys/values: the prompt's cache buffers [L, H, P, D]; the chunk's T entries go to start..start+T-1,
@@ -15,33 +15,12 @@ by blend.place_chunk.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from pathlib import Path
-
 import torch
 
 from kvstore.kv import ChunkKV
 from kvstore.rope import rope_cos_sin
-from workers import native
+from workers import rotary
 from workers.context_drift import ContextDrift, drifted
-
-SOURCE = Path(__file__).with_name("placement.c")
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib, _ = native.load(SOURCE)
-    if lib is not None:
-        lib.ragkv_place.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 2 + \
-            [ctypes.c_long] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
-        lib.ragkv_place.restype = None
-    return lib
-
-
-def unavailable() -> str | None:
-    """Why the C pass cannot run on this machine, or None when it can."""
-    return native.load(SOURCE)[1]
 
 
 def place(keys: torch.Tensor, values: torch.Tensor, start: int, chunk: ChunkKV, inv_freq: torch.Tensor | None,
@@ -65,7 +44,7 @@ def runs_native(keys: torch.Tensor, values: torch.Tensor, chunk: ChunkKV, drift:
     return (chunk.positions is None and (drift is None or chunk.pre_rope)
             and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
             and keys.shape[-1] % 16 == 0 and keys.stride() == values.stride() and keys.stride()[2:] == (keys.shape[3], 1)
-            and _library() is not None)
+            and rotary.library() is not None)
 
 
 def _place_native(keys, values, start, chunk, inv_freq, drift, slot) -> None:
@@ -91,7 +70,7 @@ def _place_native(keys, values, start, chunk, inv_freq, drift, slot) -> None:
             raise ValueError(f"a context drift of {tuple(dk.shape)} does not fit keys {tuple(keys.shape)}")
     src_k, src_v = chunk.keys.contiguous(), chunk.values.contiguous()
     out_k, out_v = keys[:, :, start:], values[:, :, start:]
-    _library().ragkv_place(src_k.data_ptr(), src_v.data_ptr(), _ptr(dk), _ptr(dv), num_layers, num_heads, count, dim,
+    rotary.library().ragkv_place(src_k.data_ptr(), src_v.data_ptr(), _ptr(dk), _ptr(dv), num_layers, num_heads, count, dim,
                            cos.data_ptr(), sin.data_ptr(), layer, token, out_k.data_ptr(), out_v.data_ptr(),
                            keys.stride(0), keys.stride(1))
 

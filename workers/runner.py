@@ -25,6 +25,7 @@ import torch
 
 from kvstore.kv import ChunkKV
 from kvstore.rope import RE_ROTATABLE_ROPE_TYPES, RopeTable, apply_rope
+from workers import rotary
 from workers.attention import PlanMemo, attend
 from workers.cache import KVCache, LayerKV
 from workers.model import DEFAULT_MODEL, LoadedModel, load_model
@@ -210,22 +211,30 @@ class ModelRunner:
         q, k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.qkv(layer, normed))
         if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
             q = attn.q_norm(q)
-        cos, sin = self.rope_cache[self.rope.index[layer]](positions)  # [S, D], scaled, in the model dtype
-        return apply_rope(q.transpose(0, 1), cos, sin), *self._rotated_kv(layer, k, v, cos, sin)
+        return self._rotated(layer, q, positions), *self._rotated_kv(layer, k, v, positions)
 
     def kv(self, layer: int, normed: torch.Tensor, positions: torch.Tensor):
         """normed: [S, hidden] -> k [Hkv, S, D] (RoPE'd at positions), v [Hkv, S, D]: qkv's, bit for bit,
         without the queries (blend's choice of tokens compares fresh K/V only)."""
         seq, head_dim = normed.shape[0], self.shape.head_dim
         k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.kv(layer, normed))
-        return self._rotated_kv(layer, k, v, *self.rope_cache[self.rope.index[layer]](positions))
+        return self._rotated_kv(layer, k, v, positions)
 
-    def _rotated_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _rotated_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
         """k, v [S, Hkv, D] -> k normed (Qwen3, Gemma 3) and RoPE'd [Hkv, S, D], v [Hkv, S, D]."""
         attn = self.layers[layer].self_attn
         if getattr(attn, "k_norm", None) is not None:
             k = attn.k_norm(k)
-        return apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
+        return self._rotated(layer, k, positions), v.transpose(0, 1)
+
+    def _rotated(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [S, H, D] -> RoPE'd at positions [H, S, D]: one C pass over the rows where it runs (workers/rotary.py),
+        else apply_rope over the positions' rows of the table (the same values)."""
+        table = self.rope_cache[self.rope.index[layer]]  # cos/sin by position, scaled, in the model dtype
+        cos, sin = table.covering(positions)
+        if rotary.rows_fit(x, cos):
+            return rotary.rotate_rows(x, positions, cos, sin)
+        return apply_rope(x.transpose(0, 1), cos[positions], sin[positions])
 
     def layer_forward(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                       slots: torch.Tensor | None = None, observer: AttentionObserver | None = None,

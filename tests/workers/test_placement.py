@@ -1,4 +1,4 @@
-"""placement.place (workers/placement.py, placement.c): a stored chunk written into a prompt's cache with its
+"""placement.place (workers/placement.py, rotary.c): a stored chunk written into a prompt's cache with its
 drift, rotation and copy in one pass, the same values as the torch ops (drifted, keys_at, copy) it replaces."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvstore.kv import ChunkKV
-from workers import placement
+from workers import placement, rotary
 from workers.context_drift import ContextDrift, drifted
 
 L, H, T, P = 3, 2, 7, 40
@@ -38,7 +38,7 @@ def _by_torch(chunk: ChunkKV, start: int, inv_freq, drift, slot) -> tuple[torch.
     return keys, values
 
 
-needs_kernel = pytest.mark.skipif(placement.unavailable() is not None, reason=f"{placement.unavailable()}")
+needs_kernel = pytest.mark.skipif(rotary.unavailable() is not None, reason=f"{rotary.unavailable()}")
 
 
 @needs_kernel
