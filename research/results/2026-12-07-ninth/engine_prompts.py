@@ -79,3 +79,32 @@ def ab_attribute(eng, layouts, owner, attr: str, variants: dict, rounds: int, ra
     finally:
         setattr(owner, attr, original)
     report(times, *variants, ratios)
+
+
+def ab_modes(eng, layouts, owner, attr: str, variants: dict, rounds: int, stage=None) -> None:
+    """The eleventh session's A/B over every mode: the `variants` of `owner.attr` patched in turn (order rotated each
+    round, restored after), each mode's prefill averaged over the prompts; prints per mode both medians, the
+    speedup, blend's speedup over full within each variant and, with `stage(Prefilled) -> seconds`, that part too."""
+    plans, names, original = mode_plans(), list(variants), getattr(owner, attr)
+    times = {(v, m): [] for v in names for m in plans}
+    parts = {(v, m): [] for v in names for m in plans}
+    try:
+        for i in range(rounds):
+            for v in names[i % 2:] + names[:i % 2]:
+                setattr(owner, attr, variants[v])
+                for m, plan in plans.items():
+                    runs = [prefill_on_thread(eng, layout, plan) for layout in layouts]
+                    times[v, m].append(sum(t for t, _ in runs) / len(runs))
+                    parts[v, m].append(sum(stage(o) for _, o in runs) / len(runs) if stage else 0.0)
+    finally:
+        setattr(owner, attr, original)
+    med = {k: statistics.median(x) for k, x in times.items()}
+    a_name, b_name = names
+    for m in plans:
+        a, b = med[a_name, m], med[b_name, m]
+        line = f"{str(m):5s} {a_name} {a * 1e3:7.1f} ms  {b_name} {b * 1e3:7.1f} ms  ({a / b:.3f}x)"
+        if stage:
+            line += f"  part {statistics.median(parts[a_name, m]) * 1e3:5.1f} / {statistics.median(parts[b_name, m]) * 1e3:5.1f} ms"
+        if m not in ("full", "reuse"):
+            line += f"   vs full: {a_name} {med[a_name, 'full'] / a:.2f}x  {b_name} {med[b_name, 'full'] / b:.2f}x"
+        print(line)
