@@ -70,11 +70,11 @@ void ragkv_place(const float *k, const float *v, const float *dk, const float *d
  * out [H, S, D] contiguous. D a multiple of 16. */
 void ragkv_rotate_rows(const float *x, long row_stride, int S, int H, int D, const int64_t *positions,
                        const float *cos, const float *sin, float *out) {
-    #pragma omp parallel for schedule(static) if (S * H >= 256)  /* a few rows: not worth waking a thread */
-    for (int h = 0; h < H; h++)
-        for (int i = 0; i < S; i++) {
-            const size_t p = (size_t)positions[i] * D;
-            rotate(x + (size_t)i * row_stride + (size_t)h * D, NULL, cos + p, sin + p, D,
-                   out + ((size_t)h * S + i) * D);
-        }
+    /* (head, row) pairs split evenly (a kv head or two would leave a thread idle); a few: one thread */
+    #pragma omp parallel for schedule(static) if (S * H >= 256)
+    for (long hi = 0; hi < (long)H * S; hi++) {
+        const int h = (int)(hi / S), i = (int)(hi % S);
+        const size_t p = (size_t)positions[i] * D;
+        rotate(x + (size_t)i * row_stride + (size_t)h * D, NULL, cos + p, sin + p, D, out + (size_t)hi * D);
+    }
 }
