@@ -176,9 +176,13 @@ def _range_mask_plan(ranges: tuple[torch.Tensor, torch.Tensor], entries: int, dt
     row kernel does not take (a head size that is not a multiple of 8)."""
     first, end = (r.long()[:, None] for r in ranges)
     slots = torch.arange(entries, device=first.device)[None]  # [1, T]
-    visible = (slots >= first) & (slots < end)  # [S, T]
+    return _mask_plan(((slots >= first) & (slots < end))[None, None], dtype)  # [1, 1, S, T]
+
+
+def _mask_plan(visible: torch.Tensor, dtype: torch.dtype) -> AttentionPlan:
+    """One SDPA call under the additive mask of `visible` (bool, [1, Hq or 1, S, T]): 0 where visible, -inf else."""
     return AttentionPlan(mask=torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-                         .masked_fill_(~visible, float("-inf"))[None, None])
+                         .masked_fill_(~visible, float("-inf")))
 
 
 def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_mask: torch.Tensor | None,
@@ -202,9 +206,7 @@ def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_m
                                           None if head_mask is None else head_mask[:, lo:hi], num_heads, window,
                                           dtype, blocks=False, rows=rows))
             for a, b, lo, hi in cuts))
-    visible = visibility_mask(q_positions, kv_positions, head_mask, num_heads, window)[None]  # [1, Hq or 1, S, T]
-    return AttentionPlan(mask=torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-                         .masked_fill_(~visible, float("-inf")))
+    return _mask_plan(visibility_mask(q_positions, kv_positions, head_mask, num_heads, window)[None], dtype)
 
 
 def row_ranges(q_positions: torch.Tensor, kv_positions: torch.Tensor,

@@ -70,9 +70,9 @@ def _place_native(keys, values, start, chunk, inv_freq, drift, slot) -> None:
             raise ValueError(f"a context drift of {tuple(dk.shape)} does not fit keys {tuple(keys.shape)}")
     src_k, src_v = chunk.keys.contiguous(), chunk.values.contiguous()
     out_k, out_v = keys[:, :, start:], values[:, :, start:]
-    rotary.library().ragkv_place(src_k.data_ptr(), src_v.data_ptr(), _ptr(dk), _ptr(dv), num_layers, num_heads, count, dim,
-                           cos.data_ptr(), sin.data_ptr(), layer, token, out_k.data_ptr(), out_v.data_ptr(),
-                           keys.stride(0), keys.stride(1))
+    rotary.library().ragkv_place(src_k.data_ptr(), src_v.data_ptr(), _ptr(dk), _ptr(dv), num_layers, num_heads,
+                                 count, dim, cos.data_ptr(), sin.data_ptr(), layer, token, out_k.data_ptr(),
+                                 out_v.data_ptr(), keys.stride(0), keys.stride(1))
 
 
 def _identity(dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -211,30 +211,31 @@ class ModelRunner:
         q, k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.qkv(layer, normed))
         if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
             q = attn.q_norm(q)
-        return self._rotated(layer, q, positions), *self._rotated_kv(layer, k, v, positions)
+        q, k = self._rotated(layer, positions, q, self._k_normed(layer, k))
+        return q, k, v.transpose(0, 1)
 
     def kv(self, layer: int, normed: torch.Tensor, positions: torch.Tensor):
         """normed: [S, hidden] -> k [Hkv, S, D] (RoPE'd at positions), v [Hkv, S, D]: qkv's, bit for bit,
         without the queries (blend's choice of tokens compares fresh K/V only)."""
         seq, head_dim = normed.shape[0], self.shape.head_dim
         k, v = (x.reshape(seq, -1, head_dim) for x in self.projections.kv(layer, normed))
-        return self._rotated_kv(layer, k, v, positions)
+        (k,) = self._rotated(layer, positions, self._k_normed(layer, k))
+        return k, v.transpose(0, 1)
 
-    def _rotated_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
-        """k, v [S, Hkv, D] -> k normed (Qwen3, Gemma 3) and RoPE'd [Hkv, S, D], v [Hkv, S, D]."""
-        attn = self.layers[layer].self_attn
-        if getattr(attn, "k_norm", None) is not None:
-            k = attn.k_norm(k)
-        return self._rotated(layer, k, positions), v.transpose(0, 1)
+    def _k_normed(self, layer: int, k: torch.Tensor) -> torch.Tensor:
+        """k [S, Hkv, D], normed where the model norms its keys (Qwen3, Gemma 3)."""
+        k_norm = getattr(self.layers[layer].self_attn, "k_norm", None)
+        return k if k_norm is None else k_norm(k)
 
-    def _rotated(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [S, H, D] -> RoPE'd at positions [H, S, D]: one C pass over the rows where it runs (workers/rotary.py),
-        else apply_rope over the positions' rows of the table (the same values)."""
-        table = self.rope_cache[self.rope.index[layer]]  # cos/sin by position, scaled, in the model dtype
-        cos, sin = table.covering(positions)
-        if rotary.rows_fit(x, cos):
-            return rotary.rotate_rows(x, positions, cos, sin)
-        return apply_rope(x.transpose(0, 1), cos[positions], sin[positions])
+    def _rotated(self, layer: int, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
+        """Each x [S, H, D] RoPE'd at positions -> [H, S, D], the layer's table looked up once: one C pass over the
+        rows where it runs (workers/rotary.py), else apply_rope over the positions' rows of the table (the same
+        values)."""
+        cos, sin = self.rope_cache[self.rope.index[layer]].covering(positions)  # scaled, in the model dtype
+        if all(rotary.rows_fit(x, cos) for x in xs):
+            return [rotary.rotate_rows(x, positions, cos, sin) for x in xs]
+        cos, sin = cos[positions], sin[positions]  # [S, D]
+        return [apply_rope(x.transpose(0, 1), cos, sin) for x in xs]
 
     def layer_forward(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                       slots: torch.Tensor | None = None, observer: AttentionObserver | None = None,
