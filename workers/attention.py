@@ -4,8 +4,9 @@ The one masking rule: a query at position p sees cached entries at positions in 
 `window` is None (every earlier position) except on sliding-window layers (Gemma 3's local layers).
 
 How a set of queries runs is planned once (`plan_attention`, shared across a pass's layers by `PlanMemo`): on
-a CPU, in fp32, each row over exactly its own range of entries in one C call (workers/row_attention.py);
-elsewhere SDPA, on its causal path, in query blocks, or under a mask."""
+a CPU, each row over exactly its own range of entries in one C call (workers/row_attention.py), in fp32 or, for
+the bf16 prefill kernel on a CPU with AVX512-BF16, in bf16 arithmetic; elsewhere SDPA, on its causal path, in
+query blocks, or under a mask."""
 
 from __future__ import annotations
 
@@ -148,6 +149,7 @@ class AttentionPlan:
     positions, window and per-head mask are the same runs it (`PlanMemo`)."""
 
     ranges: tuple[torch.Tensor, torch.Tensor] | None = None  # [S] int32 first and end entry of each row
+    bf16: bool = False  # the ranges in bf16 arithmetic (row_attention.bf16_fits), else fp32
     pad: int | None = None
     mask: torch.Tensor | None = None  # [1, Hq or 1, S, T] additive, in the queries' dtype
     parts: tuple[tuple[int, int, int, int, "AttentionPlan"], ...] = ()
@@ -156,7 +158,8 @@ class AttentionPlan:
         """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]."""
         if self.ranges is not None:
             if row_attention.fits(q.shape[0], keys.shape[0], q.shape[2]):
-                return row_attention.attend_rows(q, keys, values, *self.ranges, scale)
+                bf16 = self.bf16 and row_attention.bf16_fits(q.shape[2])
+                return row_attention.attend_rows(q, keys, values, *self.ranges, scale, bf16=bf16)
             return _range_mask_plan(self.ranges, keys.shape[1], q.dtype).run(q, keys, values, scale)
         if self.parts:  # each block of queries over the keys it can see
             return torch.cat([plan.run(q[:, a:b], keys[:, lo:hi], values[:, lo:hi], scale)
@@ -187,15 +190,16 @@ def _mask_plan(visible: torch.Tensor, dtype: torch.dtype) -> AttentionPlan:
 
 def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_mask: torch.Tensor | None,
                    num_heads: int, window: int | None, dtype: torch.dtype, blocks: bool = True,
-                   rows: bool = True) -> AttentionPlan:
+                   rows: bool = True, bf16: bool = False) -> AttentionPlan:
     """The cheapest exact way to run the position rule: each row over its own range where the row kernel runs
-    (`row_ranges`; `rows=False` plans for SDPA, the reference), else SDPA: the causal path when the queries
-    are the newest entries in order (`causal_padding`), query blocks over scattered queries (`query_blocks`;
-    not again inside a block: the blocks are the cheapest cuts already), else a mask."""
+    (`row_ranges`; `rows=False` plans for SDPA, the reference; `bf16`: in bf16 arithmetic where the CPU has it),
+    else SDPA: the causal path when the queries are the newest entries in order (`causal_padding`), query
+    blocks over scattered queries (`query_blocks`; not again inside a block: the blocks are the cheapest cuts
+    already), else a mask."""
     if rows and head_mask is None and row_attention.usable(dtype, q_positions.device):
         ranges = row_ranges(q_positions, kv_positions, window)
         if ranges is not None:
-            return AttentionPlan(ranges=ranges)
+            return AttentionPlan(ranges=ranges, bf16=bf16)
     pad = causal_padding(q_positions, kv_positions, window) if head_mask is None else None
     if pad is not None:
         return AttentionPlan(pad=pad)
@@ -204,7 +208,7 @@ def plan_attention(q_positions: torch.Tensor, kv_positions: torch.Tensor, head_m
         return AttentionPlan(parts=tuple(
             (a, b, lo, hi, plan_attention(q_positions[a:b], kv_positions[lo:hi],
                                           None if head_mask is None else head_mask[:, lo:hi], num_heads, window,
-                                          dtype, blocks=False, rows=rows))
+                                          dtype, blocks=False, rows=rows, bf16=bf16))
             for a, b, lo, hi in cuts))
     return _mask_plan(visibility_mask(q_positions, kv_positions, head_mask, num_heads, window)[None], dtype)
 
@@ -224,11 +228,11 @@ def row_ranges(q_positions: torch.Tensor, kv_positions: torch.Tensor,
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_positions: torch.Tensor,
            kv_positions: torch.Tensor, scale: float, head_mask: torch.Tensor | None = None,
-           window: int | None = None, plan: AttentionPlan | None = None) -> torch.Tensor:
+           window: int | None = None, plan: AttentionPlan | None = None, bf16: bool = False) -> torch.Tensor:
     """q: [Hq, S, D]; keys/values: [Hkv, T, D] -> attention output [S, Hq * D]. `plan`: made for these
-    positions, mask and window (PlanMemo), else made here."""
+    positions, mask, window and arithmetic (PlanMemo), else made here."""
     if plan is None:
-        plan = plan_attention(q_positions, kv_positions, head_mask, q.shape[0], window, q.dtype)
+        plan = plan_attention(q_positions, kv_positions, head_mask, q.shape[0], window, q.dtype, bf16=bf16)
     return plan.run(q, keys, values, scale)
 
 
@@ -243,13 +247,14 @@ class PlanMemo:
         self._plans: dict[tuple, tuple[torch.Tensor, torch.Tensor, AttentionPlan]] = {}
 
     def plan(self, q_positions: torch.Tensor, kv_positions: torch.Tensor, head_mask: torch.Tensor | None,
-             num_heads: int, window: int | None, dtype: torch.dtype) -> AttentionPlan:
+             num_heads: int, window: int | None, dtype: torch.dtype, bf16: bool = False) -> AttentionPlan:
         if head_mask is not None:  # per-layer masks (chunks compressed at ingest): nothing to share
-            return plan_attention(q_positions, kv_positions, head_mask, num_heads, window, dtype)
-        key = (id(q_positions), id(kv_positions), window, num_heads, dtype)
+            return plan_attention(q_positions, kv_positions, head_mask, num_heads, window, dtype, bf16=bf16)
+        key = (id(q_positions), id(kv_positions), window, num_heads, dtype, bf16)
         hit = self._plans.get(key)
         if hit is None or hit[0] is not q_positions or hit[1] is not kv_positions:
-            hit = (q_positions, kv_positions, plan_attention(q_positions, kv_positions, None, num_heads, window, dtype))
+            plan = plan_attention(q_positions, kv_positions, None, num_heads, window, dtype, bf16=bf16)
+            hit = (q_positions, kv_positions, plan)
             self._plans[key] = hit
         return hit[2]
 

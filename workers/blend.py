@@ -228,7 +228,7 @@ def recompute(runner, layout: PromptLayout, cache: KVCache, computed: torch.Tens
     for layer in range(runner.shape.num_layers):
         keep = method.keep(layer, ctx, hidden, active)
         if keep is not None:
-            hidden, active = hidden[torch.searchsorted(active, keep)], keep
+            hidden, active = hidden.index_select(0, torch.searchsorted(active, keep)), keep
             at = positions[active]
         hidden = runner.layer_forward(layer, hidden, at, cache, slots=active, observer=observer, plans=plans)
         token_layers += active.numel()

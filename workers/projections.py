@@ -11,12 +11,16 @@ model, so on a CPU it is bound by arithmetic, not by reading the weights. Two ke
            The default model's weights are 4-bit (GGUF Q4_1), which the decode step already runs
            with bf16 activations (workers/batching/linear.py).
 
-Activations leave each projection in fp32, so norms, RoPE, attention and the residual stream stay
-fp32 under both. A kernel is part of what a KV block's bytes depend on: `kernel_fingerprint` (the
-runner's `kv_fingerprint`) goes into the content address (workers/chunk_forms.py).
+Activations leave each projection in fp32, so norms, RoPE and the residual stream stay fp32 under both.
+Attention stays fp32 under both; a third kernel, bf16-attention, is bf16 with attention in bf16 arithmetic as
+well on a CPU with AVX512-BF16 (queries, keys, values and softmax weights rounded to bf16, sums in fp32:
+`attention_bf16`). A kernel is part of what a KV block's bytes depend on: `kernel_fingerprint` (the runner's `kv_fingerprint`)
+goes into the content address (workers/chunk_forms.py).
 
-The default, `auto`, is bf16 where the hardware multiplies bf16 natively (a CPU with AVX512-BF16 or
-AMX, a CUDA GPU with bf16) and fp32 elsewhere: on an AVX2-only CPU torch emulates bf16 and the same
+The default, `auto`, is bf16-attention on a CPU with AVX512-BF16 (chosen on the quality suite's dev split,
+120 prompts: answers as bf16's within noise, a prefill 6-13% faster; docs/benchmarks.md, twelfth session), bf16
+where the hardware multiplies bf16 natively otherwise (an AMX CPU without it, a CUDA GPU with bf16) and fp32
+elsewhere: on an AVX2-only CPU torch emulates bf16 and the same
 576 x 1536 projection over 1,024 rows took 2.16 s against fp32's 0.029 s (measured 2026-12-03 on an
 AVX2 EPYC box), which turned a 10-minute quality run into an hour.
 """
@@ -35,8 +39,8 @@ from kvstore.registry import registrar
 SILU_MODULES = (torch.nn.SiLU, SiLUActivation)  # activations whose forward is F.silu, run in place by the bf16 MLP
 
 PREFILL_KERNELS: dict[str, Callable[[list], "Projections"]] = {}
-AUTO = "auto"  # not a kernel: bf16 where the device multiplies bf16 natively, else fp32 (resolve_prefill_kernel)
-DEFAULT_PREFILL_KERNEL = AUTO  # bf16 chosen on the quality suite's dev split (docs/benchmarks.md "Serving performance")
+AUTO = "auto"  # not a kernel: bf16(-attention) where the device multiplies bf16 natively, else fp32 (resolve_prefill_kernel)
+DEFAULT_PREFILL_KERNEL = AUTO  # bf16 and bf16-attention chosen on the quality suite's dev split (docs/benchmarks.md)
 EXACT_PREFILL_KERNEL = "fp32"  # transformers' own arithmetic
 
 
@@ -65,23 +69,29 @@ def native_bf16(device: torch.device | str) -> bool:
 
 
 def resolve_prefill_kernel(name: str, device: torch.device | str | None = None) -> str:
-    """A registered kernel's name as it is; `auto` -> bf16 where `device` (None: CUDA when present, else the
-    CPU, as ModelRunner.load picks) multiplies bf16 natively, else fp32."""
+    """A registered kernel's name as it is; `auto` -> bf16-attention on a CPU with AVX512-BF16, bf16 where
+    `device` (None: CUDA when present, else the CPU, as ModelRunner.load picks) multiplies bf16 natively
+    otherwise, else fp32."""
     if check_prefill_kernel(name) != AUTO:
         return name
-    device = device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
-    return "bf16" if native_bf16(device) else EXACT_PREFILL_KERNEL
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not native_bf16(device):
+        return EXACT_PREFILL_KERNEL
+    return "bf16-attention" if device.type == "cpu" and torch.cpu._is_avx512_bf16_supported() else "bf16"
 
 
 def kernel_fingerprint(fingerprint: str, kernel: str) -> str:
     """The model fingerprint extended by the prefill kernel (the exact one leaves it as it is; `auto` is
     resolved first): a KV block's bytes depend on both, and its content address is built on this."""
-    kernel = resolve_prefill_kernel(kernel)
-    return fingerprint if kernel == EXACT_PREFILL_KERNEL else f"{fingerprint}+{kernel}"
+    tag = PREFILL_KERNELS[resolve_prefill_kernel(kernel)].fingerprint_tag
+    return f"{fingerprint}+{tag}" if tag else fingerprint
 
 
 class Projections:
     """The projections of every decoder layer: x [S, in] fp32 -> [S, out] fp32."""
+
+    attention_bf16 = False  # attention in bf16 arithmetic where the CPU has it (workers/row_attention.py)
+    fingerprint_tag = ""  # what kernel_fingerprint appends (the exact kernel: nothing)
 
     def qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> q [S, Hq * D], k [S, Hkv * D], v [S, Hkv * D]."""
@@ -131,6 +141,8 @@ class ModuleProjections(Projections):
 class Bf16Projections(Projections):
     """Weights cast to bf16 once (q|k|v and gate|up concatenated: one matmul each), the LM head's too."""
 
+    fingerprint_tag = "bf16"
+
     def __init__(self, blocks, lm_head: torch.nn.Module):
         for block in blocks:
             if any(type(m) is not torch.nn.Linear for m in _linears(block)):
@@ -169,6 +181,15 @@ class Bf16Projections(Projections):
         if isinstance(self.lm_head, Bf16Matrix):
             return self.lm_head(x.to(torch.bfloat16)).float()
         return self.lm_head(x).float()
+
+
+@prefill_kernel("bf16-attention")
+class Bf16AttentionProjections(Bf16Projections):
+    """bf16's projections, and attention in bf16 arithmetic too on a CPU with AVX512-BF16 (workers/row_attention.c:
+    1.55-1.6x the fp32 row kernel; a prefill 6-13% faster), fp32 elsewhere. `auto` on such a CPU."""
+
+    attention_bf16 = True
+    fingerprint_tag = "bf16-attention"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ def _library() -> ctypes.CDLL | None:
                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p]
         lib.ragkv_attend_rows.restype = None
+        lib.ragkv_attend_rows_bf16.argtypes = lib.ragkv_attend_rows.argtypes
+        lib.ragkv_attend_rows_bf16.restype = ctypes.c_int
     return lib
 
 
@@ -54,19 +56,31 @@ def fits(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     return head_dim % 8 == 0 and num_heads % num_kv_heads == 0
 
 
+@functools.cache
+def bf16_fits(head_dim: int) -> bool:
+    """Can the bf16 arithmetic run here, for this head size: a CPU with AVX512-BF16 and a multiple of 16?"""
+    return head_dim % 16 == 0 and bool(torch.cpu._is_avx512_bf16_supported()) and _library() is not None
+
+
 def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
-                scale: float) -> torch.Tensor:
-    """q [Hq, S, D]; keys/values [Hkv, T, D] (CPU; computed in fp32); first/end [S] int32 with
-    first < end <= T -> the attention of row i over entries [first[i], end[i]) of its kv head: [S, Hq * D] fp32."""
+                scale: float, bf16: bool = False) -> torch.Tensor:
+    """q [Hq, S, D]; keys/values [Hkv, T, D] (CPU; read as fp32); first/end [S] int32 with first < end <= T -> the
+    attention of row i over entries [first[i], end[i]) of its kv head: [S, Hq * D] fp32. Computed in fp32, or with
+    `bf16` in bf16 arithmetic (operands rounded to bf16, sums in fp32; where `bf16_fits`)."""
     num_heads, seq, dim = q.shape
     if not fits(num_heads, keys.shape[0], dim):
         raise ValueError(f"row attention needs a head size that is a multiple of 8 and whole query groups "
                          f"(got {num_heads} heads of {dim} over {keys.shape[0]})")
+    if bf16 and not bf16_fits(dim):
+        raise ValueError(f"bf16 row attention needs AVX512-BF16 and a head size that is a multiple of 16 (got {dim})")
     q = q.float().contiguous()
     keys, values = _rows_of(keys.float()), _rows_of(values.float())
     out = torch.empty(seq, num_heads * dim)
-    _library().ragkv_attend_rows(q.data_ptr(), seq, num_heads, keys.data_ptr(), values.data_ptr(), keys.shape[0],
-                                 keys.stride(0), dim, first.data_ptr(), end.data_ptr(), scale, out.data_ptr())
+    call = _library().ragkv_attend_rows_bf16 if bf16 else _library().ragkv_attend_rows
+    failed = call(q.data_ptr(), seq, num_heads, keys.data_ptr(), values.data_ptr(), keys.shape[0], keys.stride(0),
+                  dim, first.data_ptr(), end.data_ptr(), scale, out.data_ptr())
+    if failed:  # the C side's own check of the CPU
+        raise RuntimeError("bf16 row attention: this CPU has no AVX512-BF16")
     return out
 
 

@@ -247,14 +247,17 @@ class ModelRunner:
         if slots is None:
             kv = cache.update(layer, k, v, positions)
         else:
-            kv = cache.layers[layer]
-            kv.keys[:, slots] = k
-            kv.values[:, slots] = v
+            kv = cache.layers[layer]  # index_copy_, not keys[:, slots] = k: the same writes, ~30x faster on a CPU
+            kv.keys.index_copy_(1, slots, k)
+            kv.values.index_copy_(1, slots, v)
         if observer is not None:
             observer(layer, q, positions, kv)
         window = self.windows[layer]
-        plan = None if plans is None else plans.plan(positions, kv.positions, kv.head_mask, q.shape[0], window, q.dtype)
-        out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask, window, plan)
+        bf16 = self.projections.attention_bf16
+        plan = None if plans is None else plans.plan(positions, kv.positions, kv.head_mask, q.shape[0], window, q.dtype,
+                                                     bf16)
+        out = attend(q, kv.keys, kv.values, positions, kv.positions, block.self_attn.scaling, kv.head_mask, window, plan,
+                     bf16)
         out = self.projections.o(layer, out)
         # the first residual makes this layer's own tensor; the second adds into it (the same bits, one buffer less)
         if self.sandwich_norms:  # Gemma: h += norm(attn); h += norm(mlp(norm(h)))

@@ -63,8 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             "only; alone: CacheBlend's form)")
     perf = p.add_argument_group("performance")
     perf.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
-                      help=f"prefill projections (default {d.engine.prefill_kernel}: bf16 where the hardware has "
-                           "it, else fp32; fp32 = transformers' own arithmetic)")
+                      help=f"prefill projections (default {d.engine.prefill_kernel}: bf16-attention on a CPU with "
+                           "AVX512-BF16, bf16 where the hardware has it otherwise, else fp32; fp32 = transformers' own "
+                           "arithmetic; bf16-attention = bf16 with attention in bf16 arithmetic too)")
     perf.add_argument("--decode-kernel", choices=sorted(DECODE_KERNELS),
                       help=f"decode-step linear kernel (default {d.decode_kernel}: the model's own 4-bit weights; "
                            "fp32 is exact, slower)")

@@ -340,3 +340,88 @@ def test_a_head_size_the_kernel_does_not_take_runs_its_row_ranges_under_sdpa():
     assert not row_attention.fits(4, 2, 12) and row_attention.fits(4, 2, 16) and not row_attention.fits(3, 2, 16)
     with pytest.raises(ValueError, match="multiple of 8"):  # refused before the library is needed
         row_attention.attend_rows(q, k, v, torch.zeros(5, dtype=torch.int32), rows.int() + 1, 0.3)
+
+
+needs_bf16 = pytest.mark.skipif(not (row_attention.unavailable() is None and row_attention.bf16_fits(64)),
+                                reason="the bf16 row kernel needs a CPU with AVX512-BF16")
+
+
+def _bf16_rows(q, k, v, qp, kp, scale, window=None):
+    plan = plan_attention(qp, kp, None, q.shape[0], window, q.dtype, bf16=True)
+    assert plan.ranges is not None and plan.bf16
+    return plan.run(q, k, v, scale)
+
+
+def _reference(q, k, v, qp, kp, scale, window=None, rounded=False):
+    """Masked attention in fp64; `rounded`: of the queries (scaled), keys and values rounded to bf16 first."""
+    bf = (lambda x: x.to(torch.bfloat16).double()) if rounded else (lambda x: x.double())
+    mask = visibility_mask(qp, kp, None, q.shape[0], window)[None]
+    out = F.scaled_dot_product_attention(bf(q * scale)[None], bf(k)[None], bf(v)[None], attn_mask=mask, scale=1.0,
+                                         enable_gqa=True)
+    return out[0].transpose(0, 1).reshape(q.shape[1], -1)
+
+
+@needs_bf16
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 1, 256), (8, 2, 48), (16, 1, 32)])
+def test_the_bf16_row_kernel_is_the_attention_of_bf16_operands(heads, kv_heads, dim):
+    """bf16 arithmetic (row_attention.c): against fp64 attention of the same bf16-rounded queries, keys and values
+    it differs only by the softmax weights' own rounding to bf16 (relative 2^-9), and against the exact fp32 row
+    kernel by what bf16 operands cost. Scattered rows, a window, a span that is no multiple of 16 (or 2), every
+    head layout the kernel takes (dim a multiple of 16)."""
+    torch.manual_seed(dim)
+    t = 333
+    k, v, kp = torch.randn(kv_heads, t, dim) * 2, torch.randn(kv_heads, t, dim), torch.arange(t)
+    qp = torch.cat([torch.sort(torch.randperm(t - 9)[:50]).values, torch.arange(t - 9, t)])
+    q = torch.randn(heads, qp.numel(), dim)
+    scale = dim ** -0.5
+    for window in (None, 100):
+        out = _bf16_rows(q, k, v, qp, kp, scale, window).double()
+        operands = (out - _reference(q, k, v, qp, kp, scale, window, rounded=True)).abs()
+        exact = (out - _reference(q, k, v, qp, kp, scale, window)).abs()
+        assert operands.max() < 1e-2 and operands.mean() < 1e-3, (operands.max(), operands.mean())
+        assert exact.max() < 5e-2 and exact.mean() < 5e-3, (exact.max(), exact.mean())
+        assert operands.mean() < exact.mean()  # the operands' rounding is most of the difference
+
+
+@needs_bf16
+def test_a_row_attends_alike_in_bf16_whatever_rows_and_threads_it_is_computed_with():
+    """Row invariance holds for the bf16 arithmetic too: blend's recomputed rows attend bit for bit as the same rows
+    of a full prefill over the same cache."""
+    torch.manual_seed(5)
+    t = 700
+    k, v, kp = torch.randn(3, t, 64), torch.randn(3, t, 64), torch.arange(t)
+    q = torch.randn(9, t, 64)
+    every = _bf16_rows(q, k, v, kp, kp, 0.125)
+    qp = torch.sort(torch.randperm(t)[:123]).values
+    assert torch.equal(_bf16_rows(q[:, qp], k, v, qp, kp, 0.125), every[qp])
+    assert torch.equal(_bf16_rows(q[:, qp[5:6]], k, v, qp[5:6], kp, 0.125), every[qp[5:6]])
+    windowed = _bf16_rows(q, k, v, kp, kp, 0.125, window=100)
+    assert torch.equal(_bf16_rows(q[:, qp], k, v, qp, kp, 0.125, window=100), windowed[qp])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(_bf16_rows(q[:, qp], k, v, qp, kp, 0.125), every[qp])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_rows
+def test_bf16_attention_falls_back_to_fp32_where_it_cannot_run():
+    """A head size that is no multiple of 16 (or a CPU without AVX512-BF16) runs a bf16 plan in fp32, exactly; the
+    kernel itself refuses it."""
+    torch.manual_seed(6)
+    k, v, kp = torch.randn(3, 90, 24), torch.randn(3, 90, 24), torch.arange(90)
+    q = torch.randn(9, 40, 24)
+    qp = kp[50:]
+    assert not row_attention.bf16_fits(24)
+    plan = plan_attention(qp, kp, None, 9, None, torch.float32, bf16=True)
+    assert torch.equal(plan.run(q, k, v, 0.2), _attend("rows", q, k, v, qp, kp, 0.2))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        row_attention.attend_rows(q, k, v, *plan.ranges, 0.2, bf16=True)
+
+
+def test_a_memo_keeps_fp32_and_bf16_plans_apart():
+    memo, p = PlanMemo(), torch.arange(64)
+    exact, low = (memo.plan(p, p, None, 9, None, torch.float32, bf16) for bf16 in (False, True))
+    assert not exact.bf16 and low.bf16 == (low.ranges is not None)
+    assert memo.plan(p, p, None, 9, None, torch.float32, True) is low

@@ -29,15 +29,18 @@ def test_with_kernel_shares_the_model_and_is_built_once(runner):
 
 
 def test_auto_is_bf16_only_where_the_hardware_has_it(runner, monkeypatch):
-    """`auto` resolves by the device's bf16 support, and a runner asked for it is the resolved kernel's runner."""
-    expected = "bf16" if native_bf16(runner.device) else "fp32"
+    """`auto` resolves by the device's bf16 support (with AVX512-BF16, attention in bf16 too), and a runner asked
+    for it is the resolved kernel's runner."""
+    expected = "fp32"
+    if native_bf16(runner.device):
+        expected = "bf16-attention" if torch.cpu._is_avx512_bf16_supported() else "bf16"
     assert resolve_prefill_kernel(AUTO, runner.device) == expected and runner.with_kernel(AUTO).kernel == expected
     assert runner.with_kernel(AUTO) is runner.with_kernel(expected)
     assert kernel_fingerprint("abc", AUTO) == kernel_fingerprint("abc", resolve_prefill_kernel(AUTO))
     assert resolve_prefill_kernel("bf16", runner.device) == "bf16"  # a named kernel is never second-guessed
-    for has_bf16, kernel in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda has=has_bf16: has)
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    for avx512_bf16, amx, kernel in ((True, False, "bf16-attention"), (False, True, "bf16"), (False, False, "fp32")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda has=avx512_bf16: has)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda has=amx: has)
         assert resolve_prefill_kernel(AUTO, "cpu") == kernel
     with pytest.raises(ValueError, match="--prefill-kernel"):
         resolve_prefill_kernel("int3")
@@ -104,14 +107,32 @@ def test_bf16_head_is_close_to_the_models(runner):
     assert torch.equal(want, runner.model.lm_head(hidden).float())  # fp32: the module itself
 
 
-def test_bf16_prefill_keeps_the_next_token_distribution(runner):
+@pytest.mark.parametrize("kernel", ["bf16", "bf16-attention"])
+def test_bf16_prefill_keeps_the_next_token_distribution(runner, kernel):
     ids = torch.tensor(runner.tokenize(TEXT))
     positions = torch.arange(len(ids))
     exact = runner.forward(ids, positions, KVCache.empty(runner.shape.num_layers))
-    fast = runner.with_kernel("bf16").forward(ids, positions, KVCache.empty(runner.shape.num_layers))
+    fast = runner.with_kernel(kernel).forward(ids, positions, KVCache.empty(runner.shape.num_layers))
     p, q = torch.log_softmax(exact.reshape(-1), -1), torch.log_softmax(fast.reshape(-1), -1)
     assert int(exact.argmax()) == int(fast.argmax())
     assert float((p.exp() * (p - q)).sum()) < 0.01  # KL(exact || bf16) in nats
+
+
+def test_bf16_attention_is_the_bf16_attention_kernels_alone(runner, monkeypatch):
+    """Every layer of a bf16-attention prefill runs the row kernel's bf16 arithmetic on a CPU with AVX512-BF16 (fp32
+    elsewhere); fp32 and bf16 always attend in fp32. Its blocks have an address of their own."""
+    from workers import row_attention
+    if row_attention.unavailable() is not None:
+        pytest.skip(row_attention.unavailable())
+    calls, attend_rows = [], row_attention.attend_rows
+    monkeypatch.setattr(row_attention, "attend_rows", lambda *a, bf16=False: calls.append(bf16) or attend_rows(*a, bf16=bf16))
+    ids = torch.tensor(runner.tokenize(TEXT))
+    assert len({kernel_fingerprint("abc", k) for k in PREFILL_KERNELS}) == len(PREFILL_KERNELS)
+    for kernel, want in (("fp32", False), ("bf16", False),
+                         ("bf16-attention", row_attention.bf16_fits(runner.shape.head_dim))):
+        calls.clear()
+        runner.with_kernel(kernel).forward(ids, torch.arange(len(ids)), KVCache.empty(runner.shape.num_layers))
+        assert calls == [want] * runner.shape.num_layers, kernel
 
 
 def test_the_kernel_is_part_of_every_block_address(runner, tmp_path):

@@ -1,6 +1,7 @@
-"""Summarise ab_cli.sh's bench result files side by side: summary.py NAME... (each NAME-{base,head}-ROUND.json)."""
+"""Summarise ab_cli.sh's bench result files side by side: summary.py NAME... (each NAME-{base,head}-ROUND.json, in
+this folder or in $AB_DIR)."""
 import glob, json, os, sys
-here = os.path.dirname(os.path.abspath(__file__))
+here = os.environ.get("AB_DIR") or os.path.dirname(os.path.abspath(__file__))
 for name in sys.argv[1:]:
     for path in sorted(glob.glob(os.path.join(here, f"{name}-base-*.json"))):
         rnd = path.rsplit("-", 1)[1][:-5]
