@@ -42,12 +42,13 @@ def test_research_declares_the_plugin_entry_point():
 
 
 def test_the_wheel_holds_every_c_kernel_source_and_header():
-    """workers/native.py compiles its sources on first use where the package is installed: each source and
-    header must be package data."""
+    """kvstore/native.py compiles workers' and kvstore's sources on first use where the packages are installed: each
+    source and header must be package data."""
+    from kvstore import native as build_system
     from workers import native
 
-    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["workers"]
-    workers = ROOT / "workers"
-    for path in (*native.SOURCES, *native.HEADERS):
-        relative = path.relative_to(workers)
-        assert path.is_file() and any(relative.match(g) for g in globs), f"{relative} is not package data"
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for package, paths in (("workers", (*native.SOURCES, *native.HEADERS)), ("kvstore", build_system.SOURCES)):
+        for path in paths:
+            relative = path.relative_to(ROOT / package)
+            assert path.is_file() and any(relative.match(g) for g in data[package]), f"{relative} is not package data"

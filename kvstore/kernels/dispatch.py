@@ -1,6 +1,8 @@
-"""One function per kernel op: Triton on CUDA tensors, the torch reference otherwise.
+"""One function per kernel op: Triton on CUDA tensors, the torch reference otherwise (dequantizing on a CPU: C).
 
-    backend=None / "auto": Triton when the input is on CUDA and triton imports, else torch
+    backend=None / "auto": Triton when the input is on CUDA and triton imports, else torch; a CPU's dequantize
+                            runs kvstore/kernels/dequant.c where it builds (native_quant.py: the reference's
+                            values, bit for bit)
     backend="torch":        the reference (also forced everywhere by env RAGKV_FORCE_TORCH=1)
     backend="triton":       Triton on any device (CPU tensors need TRITON_INTERPRET=1; tests use this)
 
@@ -22,7 +24,7 @@ import os
 import torch
 
 from kvstore.codecs import quant
-from kvstore.kernels import reference
+from kvstore.kernels import native_quant, reference
 
 KERNEL_BACKENDS = ("auto", "torch", "triton")
 
@@ -93,6 +95,9 @@ def dequantize_token(codes, scale, zero, bits: int, group_size: int, *, symmetri
                      inv_freq=None, out_dtype: torch.dtype = torch.float32, backend: str | None = None):
     """codes [..., T, D*bits/8] -> [..., T, D] out_dtype; keys re-rotated by `delta` when given."""
     reference.check_bits(bits, symmetric)
+    if not symmetric and _native(codes, backend, group_size, per_channel=False):
+        x = native_quant.dequantize(codes, scale, zero, bits, group_size, per_channel=False)
+        return reference.rerotate_keys(x, delta, inv_freq, out_dtype)
     if resolve_backend(codes, backend) == "torch" or _per_layer(inv_freq):
         return reference.dequantize_token(codes, scale, zero, bits, group_size, symmetric=symmetric, delta=delta,
                                           inv_freq=inv_freq, out_dtype=out_dtype)
@@ -107,6 +112,9 @@ def dequantize_channel(codes, scale, zero, bits: int, group_size: int, *, delta=
                        out_dtype: torch.dtype = torch.float32, backend: str | None = None):
     """codes [..., T, D*bits/8], scale/zero [..., D, ceil(T/G)] -> [..., T, D] out_dtype (re-rotated by delta)."""
     reference.check_bits(bits)
+    if _native(codes, backend, group_size, per_channel=True):
+        x = native_quant.dequantize(codes, scale, zero, bits, group_size, per_channel=True)
+        return reference.rerotate_keys(x, delta, inv_freq, out_dtype)
     if resolve_backend(codes, backend) == "torch" or _per_layer(inv_freq):
         return reference.dequantize_channel(codes, scale, zero, bits, group_size, delta=delta, inv_freq=inv_freq,
                                             out_dtype=out_dtype)
@@ -128,6 +136,12 @@ def rerotate_keys(keys: torch.Tensor, delta, inv_freq: torch.Tensor, out_dtype: 
                                 delta=_check_rotation(delta, inv_freq), inv_freq=inv_freq,
                                 out_dtype=out_dtype or keys.dtype)
     return out.reshape(keys.shape)
+
+
+def _native(codes: torch.Tensor, backend: str | None, group_size: int, per_channel: bool) -> bool:
+    """`auto` on a CPU (not forced to the reference): the C kernels, where they take these codes."""
+    forced = os.environ.get("RAGKV_FORCE_TORCH", "") not in ("", "0")
+    return (backend or "auto") == "auto" and not forced and native_quant.fits(codes, group_size, per_channel)
 
 
 def _per_layer(inv_freq) -> bool:
