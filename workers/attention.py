@@ -5,7 +5,7 @@ The one masking rule: a query at position p sees cached entries at positions in 
 
 How a set of queries runs is planned once (`plan_attention`, shared across a pass's layers by `PlanMemo`): on
 a CPU, each row over exactly its own range of entries in one C call (workers/row_attention.py), in fp32 or, for
-the bf16 prefill kernel on a CPU with AVX512-BF16, in bf16 arithmetic; elsewhere SDPA, on its causal path, in
+the bf16-attention prefill kernel on a CPU with AVX512-BF16, in bf16 arithmetic; elsewhere SDPA, on its causal path, in
 query blocks, or under a mask."""
 
 from __future__ import annotations

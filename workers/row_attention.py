@@ -7,11 +7,14 @@ causal pass. This kernel computes each row over exactly its own range, with the 
 tile of rows, in fp32: 15-19 ns a key-row on a 2-core Zen 4 (the box's fp32 GEMM rate), ~1.45x SDPA for blend's
 rows and 1.2-2x for whole prompts (docs/benchmarks.md, "tenth session"). A row's result does not depend on which
 rows are computed with it (row_attention.c), so the same row of a full prefill and of a blend over the same
-cache attend alike, bit for bit.
+cache attend alike, bit for bit. On a CPU with AVX512-BF16 the same tiles run in bf16 arithmetic (`bf16=True`,
+the bf16-attention prefill kernel's): operands and softmax weights in bf16, sums in fp32 by vdpbf16ps, 1.2-1.7x
+the fp32 rate (docs/benchmarks.md, "twelfth session"); row invariance holds there too.
 
     usable(dtype, device)                         whether the kernel can run here, for these tensors
-    attend_rows(q, keys, values, first, end, s)   q [Hq, S, D]; keys/values [Hkv, T, D]; row i sees entries
-                                                  [first[i], end[i]) -> [S, Hq * D]
+    bf16_fits(head_dim)                           whether its bf16 arithmetic can (AVX512-BF16, D % 16 == 0)
+    attend_rows(q, keys, values, first, end, s,   q [Hq, S, D]; keys/values [Hkv, T, D]; row i sees entries
+                bf16=False)                       [first[i], end[i]) -> [S, Hq * D]
 """
 
 from __future__ import annotations
