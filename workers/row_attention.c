@@ -219,9 +219,19 @@ static Tile tile_of(const Tiling *t, int u, int kv_heads, int seq, const int *fi
     return w;
 }
 
-static void tile_reset(int slots, int dim, float *acc, float *best, float *total) {
-    memset(acc, 0, sizeof(float) * (size_t)slots * dim);
-    for (int v = 0; v < slots; v++) { best[v] = -INFINITY; total[v] = 0.0f; }
+/* A thread's online-softmax state for a tile's `slots` vectors: accumulators [slots, dim], a chunk's scores
+ * [slots, CHUNK], the running max and sum */
+typedef struct { float *acc, *sc, *best, *total; } Online;
+
+static Online online_new(int slots, int dim) {
+    float *mem = malloc(sizeof(float) * (size_t)slots * (dim + CHUNK + 2));
+    return (Online){mem, mem + (size_t)slots * dim, mem + (size_t)slots * (dim + CHUNK),
+                    mem + (size_t)slots * (dim + CHUNK + 1)};
+}
+
+static void online_reset(const Online *o, int slots, int dim) {
+    memset(o->acc, 0, sizeof(float) * (size_t)slots * dim);
+    for (int v = 0; v < slots; v++) { o->best[v] = -INFINITY; o->total[v] = 0.0f; }
 }
 
 /* Every vector's scores over the chunk [c0, c1) -> weights (softmax_step; zeros where its row sees nothing
@@ -272,14 +282,14 @@ void ragkv_attend_rows(const float *q, int seq, int heads, const float *keys, co
             transpose_keys(keys + (size_t)h * head_stride + (size_t)b * 8 * dim, span - b * 8 < 8 ? span - b * 8 : 8,
                            dim, kt + ((size_t)h * kblocks + b) * dim * 8);
         }
-        float *qs = malloc(sizeof(float) * (size_t)slots * dim), *acc = malloc(sizeof(float) * (size_t)slots * dim);
-        float *sc = malloc(sizeof(float) * (size_t)slots * CHUNK), *best = malloc(sizeof(float) * slots);
-        float *total = malloc(sizeof(float) * slots);
+        float *qs = malloc(sizeof(float) * (size_t)slots * dim);
+        const Online st = online_new(slots, dim);
+        float *acc = st.acc, *sc = st.sc, *best = st.best, *total = st.total;
         #pragma omp for schedule(dynamic, 1)
         for (int u = 0; u < tl.tiles * kv_heads; u++) {
             const Tile w = tile_of(&tl, u, kv_heads, seq, first, end);
             const int h = w.h, r0 = w.r0, nv = w.nv, lo = w.lo, hi = w.hi;
-            tile_reset(slots, dim, acc, best, total);
+            online_reset(&st, slots, dim);
             memset(qs, 0, sizeof(float) * (size_t)slots * dim);
             for (int v = 0; v < nv; v++) {
                 const float *src = query_of(q, v, h, group, seq, r0, dim);
@@ -301,7 +311,7 @@ void ragkv_attend_rows(const float *q, int seq, int heads, const float *keys, co
             }
             tile_out(acc, total, nv, group, r0, h, heads, dim, out);
         }
-        free(qs); free(acc); free(sc); free(best); free(total);
+        free(qs); free(st.acc);
     }
     free(kt);
 }
@@ -512,13 +522,13 @@ BF16 int ragkv_attend_rows_bf16(const float *q, int seq, int heads, const float 
         }
         uint32_t *qs = malloc(sizeof(uint32_t) * (size_t)slots * half);
         uint16_t *weights = malloc(sizeof(uint16_t) * (size_t)slots * CHUNK);
-        float *acc = malloc(sizeof(float) * (size_t)slots * dim), *sc = malloc(sizeof(float) * (size_t)slots * CHUNK);
-        float *best = malloc(sizeof(float) * slots), *total = malloc(sizeof(float) * slots);
+        const Online st = online_new(slots, dim);
+        float *acc = st.acc, *sc = st.sc, *best = st.best, *total = st.total;
         #pragma omp for schedule(dynamic, 1)
         for (int u = 0; u < tl.tiles * kv_heads; u++) {
             const Tile w = tile_of(&tl, u, kv_heads, seq, first, end);
             const int h = w.h, r0 = w.r0, nv = w.nv, lo = w.lo, hi = w.hi;
-            tile_reset(slots, dim, acc, best, total);
+            online_reset(&st, slots, dim);
             memset(qs, 0, sizeof(uint32_t) * (size_t)slots * half);
             for (int v = 0; v < nv; v++) query_bf16(query_of(q, v, h, group, seq, r0, dim), scale, dim, qs + v * half);
             const uint32_t *K = kt + (size_t)h * kblocks * half * KB, *V = vt + (size_t)h * pairs * dim;
@@ -538,7 +548,7 @@ BF16 int ragkv_attend_rows_bf16(const float *q, int seq, int heads, const float 
             }
             tile_out(acc, total, nv, group, r0, h, heads, dim, out);
         }
-        free(qs); free(weights); free(acc); free(sc); free(best); free(total);
+        free(qs); free(weights); free(st.acc);
     }
     free(kt); free(vt);
     return 0;

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from pathlib import Path
 
 import torch
@@ -41,7 +42,8 @@ def unavailable() -> str | None:
 
 
 def fits(codes: torch.Tensor, group_size: int, per_channel: bool) -> bool:
-    """CPU codes of a whole-byte width, and token groups of whole 8-code runs, on a machine where the kernels built."""
+    """Non-empty CPU codes (any layout: `dequantize` makes them contiguous) and, per token, groups of whole 8-code runs,
+    on a machine where the kernels built. The width is `dequantize`'s check."""
     return (codes.device.type == "cpu" and codes.dim() >= 2 and codes.numel() > 0
             and (per_channel or group_size % 8 == 0) and _library() is not None)
 
@@ -56,10 +58,11 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bit
     dim = width * 8 // bits
     codes, scale, zero = codes.contiguous(), scale.half().contiguous(), zero.half().contiguous()
     out = torch.empty(*lead, tokens, dim)
+    rows = math.prod(lead)  # the leading axes' entries: [rows, T, width]
     if per_channel:
-        _library().ragkv_dequant_channel(codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), codes.numel() // (
-            tokens * width) if tokens else 0, tokens, dim, bits, group_size, out.data_ptr())
+        _library().ragkv_dequant_channel(codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), rows, tokens, dim, bits,
+                                         group_size, out.data_ptr())
     else:
-        _library().ragkv_dequant_token(codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), codes.numel() // width,
-                                       dim, bits, group_size, out.data_ptr())
+        _library().ragkv_dequant_token(codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), rows * tokens, dim, bits,
+                                       group_size, out.data_ptr())
     return out
