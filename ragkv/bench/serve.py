@@ -2,7 +2,8 @@
 
 Two real `ragkv serve` subprocesses in turn, the same settings but `--max-batch` (batched) and
 `--max-batch 1` (unbatched). Each ingests the same chunks, then answers the same blend requests
-(CHUNKS_PER_REQUEST cached chunks, `max_new_tokens` new tokens) from 1, 4, 8 and 16 SDK clients
+(CHUNKS_PER_REQUEST cached chunks, `max_new_tokens` new tokens; at the servers' default setting, which they
+serve by an exact prefill, or with `--recompute-ratio R` blended at R) from 1, 4, 8 and 16 SDK clients
 over loopback. Per client count: requests/s, tokens/s and the time to first token (p50/p99) as
 the clients see it (first streamed piece), and whether every request's tokens are identical in
 the two servers (`tokens_equal`). Also: the 8 requests sent one after another against from 8
@@ -121,7 +122,8 @@ def serve_once(workdir: Path, extra: tuple[str, ...], plan: dict, progress) -> d
         server.stop()
 
 
-def run(quick: bool = False, progress: bool = True, max_batch: int = MAX_BATCH, plots: str | None = None) -> dict:
+def run(quick: bool = False, progress: bool = True, max_batch: int = MAX_BATCH, plots: str | None = None,
+        recompute_ratio: float | None = None) -> dict:
     from tqdm import tqdm
 
     client_counts = (1, 4) if quick else CLIENT_COUNTS
@@ -135,8 +137,10 @@ def run(quick: bool = False, progress: bool = True, max_batch: int = MAX_BATCH, 
     total = sum(per_client * n for n in client_counts) * 2 + 2 * batched_plan["concurrency"]
     # the same blend requests must get the same tokens from both servers: no exact sequence tree, whose idle-time
     # fills would land at different moments in the two (ragkv bench blend --workload measures the tree)
-    servers = {"batched": (("--max-batch", str(max_batch), "--no-sequence-cache"), batched_plan),
-               "unbatched": (("--max-batch", "1", "--no-sequence-cache"), plan)}
+    # the servers' ratio for requests that give none (None: the server's default, which it serves by an exact prefill)
+    ratio = ("--recompute-ratio", str(recompute_ratio)) if recompute_ratio is not None else ()
+    servers = {"batched": (("--max-batch", str(max_batch), "--no-sequence-cache", *ratio), batched_plan),
+               "unbatched": (("--max-batch", "1", "--no-sequence-cache", *ratio), plan)}
     started = time.perf_counter()
     results = {}
     with tempfile.TemporaryDirectory(prefix="ragkv-serve-") as tmp, \
@@ -163,6 +167,7 @@ def run(quick: bool = False, progress: bool = True, max_batch: int = MAX_BATCH, 
         "decode": {"batched_default": batched["decode"], "batched_default_after_load": batched["decode_after_load"],
                    "fp32": fp32["decode"]},
         "settings": {"max_batch": max_batch, "chunks_per_request": CHUNKS_PER_REQUEST, "mode": "blend",
+                     "recompute_ratio": "server default" if recompute_ratio is None else recompute_ratio,
                      "max_new_tokens": max_new_tokens, "requests_per_client": per_client},
         "elapsed_s": round(time.perf_counter() - started, 1),
     }

@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
                         help="blend, quality: the prefill projections (default: the engine's)")
     parser.add_argument("--max-batch", type=_positive, help="serve: the batched server's --max-batch (default 16)")
+    parser.add_argument("--recompute-ratio", type=_ratio, metavar="R",
+                        help="serve: both servers' --recompute-ratio (default: the server's, served exactly)")
     parser.add_argument("--api", choices=("grpc", "http"), default="grpc",
                         help="serve: http = TTFT through the OpenAI-compatible HTTP API beside gRPC, in one run")
     quality = parser.add_argument_group("quality")
@@ -80,6 +82,16 @@ _configs = checked_by(_parse_config)
 _setting = checked_by(_parse_setting)
 
 
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -104,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if args.suite == "serve" and args.api == "http":  # HTTP beside gRPC, one server (ragkv/bench/serve_http.py)
         module = importlib.import_module("ragkv.bench.serve_http")
     elif args.suite == "serve":
-        kwargs.update(plots=args.plots, **({"max_batch": args.max_batch} if args.max_batch else {}))
+        kwargs.update(plots=args.plots, recompute_ratio=args.recompute_ratio,
+                      **({"max_batch": args.max_batch} if args.max_batch else {}))
     result = module.run(**kwargs)
     text = json.dumps(result, indent=2, sort_keys=False)
     if args.json_out:

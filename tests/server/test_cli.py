@@ -79,6 +79,8 @@ def test_bad_flags_print_one_line_and_exit_2(flags, named, capsys, monkeypatch):
 @pytest.mark.parametrize("argv", [["serve", "--codec", "nope"], ["demo", "--codec", "nope"], ["serve", "--port", "x"],
                                   ["bench", "nope"], ["no-such-command"], ["serve", "--no-such-flag"],
                                   ["bench", "blend", "--settings", "nope@0.15"],
+                                  ["bench", "serve", "--recompute-ratio", "1.5"],
+                                  ["bench", "serve", "--recompute-ratio", "x"],
                                   ["bench", "quality", "--configs", "blend:nope@0.1"],
                                   ["calibrate", "--methods", "deviation,nope"], ["calibrate", "--ratios", "0.1,x"],
                                   ["calibrate", "--ratios", "1.5"]])
