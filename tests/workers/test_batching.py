@@ -340,3 +340,70 @@ def test_grow_adds_one_decode_token_in_place_or_declines():
     masked = LayerKV(layer.keys.clone(), layer.values.clone(), layer.positions.clone(), torch.ones(2, 5, dtype=torch.bool))
     masked.append(torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([11]))
     assert not masked.grow(12, torch.float32) and masked.num_tokens == 6  # the head mask must grow too
+
+
+def _layers(count: int, tokens: int, seed: int) -> list[LayerKV]:
+    gen = torch.Generator().manual_seed(seed)
+    positions = torch.arange(tokens)
+    return [LayerKV(torch.randn(2, tokens, 4, generator=gen), torch.randn(2, tokens, 4, generator=gen), positions)
+            for _ in range(count)]
+
+
+def test_cache_grows_every_layer_at_once_as_each_layer_would():
+    """KVCache.grow, the avx2 step's path: every layer gains the same slot LayerKV.grow / reserve would give it,
+    over one buffer, across the point where the buffer runs out of room (GROWTH_TOKENS) and is copied once."""
+    together, alone = KVCache(_layers(3, 5, 0)), KVCache(_layers(3, 5, 0))
+    for step in range(300):
+        position = 5 + 2 * step  # any positions: grow takes what it is given
+        assert together.grow(position, torch.float32)
+        for layer in alone.layers:
+            if not layer.grow(position, torch.float32):
+                layer.reserve(torch.tensor([position]), torch.float32, torch.float32)
+        for i, (a, b) in enumerate(zip(together.layers, alone.layers)):
+            for x in (a.keys[:, -1], b.keys[:, -1]):
+                x.fill_(step + i)  # the caller's write of the new entry
+            a.values[:, -1], b.values[:, -1] = -step, -step
+    for a, b in zip(together.layers, alone.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and torch.equal(a.positions, b.positions)
+    storages = {layer.keys.untyped_storage().data_ptr() for layer in together.layers}
+    assert len(storages) == 1 and together.layers[0].num_tokens == 305  # one buffer for every layer
+
+
+def test_cache_grow_declines_once_a_layer_is_replaced_or_cannot_share():
+    """A layer replaced (eviction keeps a subset) or grown on its own: the cache stops growing together, and each
+    layer grows by itself from then on without writing into the others. Layers of different lengths, a head mask
+    or another dtype never grow together."""
+    cache = KVCache(_layers(3, 5, 1))
+    assert cache.grow(5, torch.float32)
+    kept = cache.layers[1]
+    cache.layers[1] = LayerKV(kept.keys[:, 2:].clone(), kept.values[:, 2:].clone(), kept.positions[2:].clone())
+    assert not cache.grow(6, torch.float32) and cache.layers[0].num_tokens == 6  # nothing changed
+    before = [layer.keys.clone() for layer in cache.layers]
+    for layer in cache.layers:
+        key_slot, _ = layer.reserve(torch.tensor([6]), torch.float32, torch.float32)
+        key_slot.fill_(9.0)
+    assert [layer.num_tokens for layer in cache.layers] == [7, 5, 7]
+    assert all(torch.equal(layer.keys[:, :-1], old) for layer, old in zip(cache.layers, before))
+    assert not cache.grow(7, torch.float32)  # for good
+    uneven = KVCache(_layers(2, 5, 2) + _layers(1, 4, 3))
+    masked = KVCache(_layers(2, 5, 4))
+    masked.layers[0].head_mask = torch.ones(2, 5, dtype=torch.bool)
+    assert not uneven.grow(5, torch.float32) and not masked.grow(5, torch.float32)
+    assert not KVCache(_layers(2, 5, 5)).grow(5, torch.float64)  # the decode writes another dtype
+
+
+def test_avx2_step_growing_every_layer_at_once_equals_each_layer_on_its_own(runner, prefilled):
+    """The same tokens and bits as the per-layer path (a head mask that hides nothing makes each layer grow on its
+    own): the stack changes where entries live, not what the step computes."""
+    cache, token, n = prefilled
+    weights = runner.decode_weights("avx2", 4)
+    together = _clone(cache)
+    alone = KVCache([LayerKV(l.keys.clone(), l.values.clone(), l.positions.clone(),
+                             torch.ones(l.keys.shape[:2], dtype=torch.bool)) for l in cache.layers])
+    tokens = [token, token]
+    for step in range(12):
+        a = decode_step(runner, weights, [tokens[0]], [n + step], [together])
+        b = decode_step(runner, weights, [tokens[1]], [n + step], [alone])
+        assert torch.equal(a, b)
+        tokens = [int(a.argmax()), int(b.argmax())]
+    assert all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) for x, y in zip(together.layers, alone.layers))

@@ -241,11 +241,13 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
     else:
         rotations = [rope_matrix(pos, freqs.to(device), runner.rope_scale).to(hidden.dtype)  # per table [B, D, D]
                      for freqs in weights.rope_freqs]
+    # avx2.c writes each layer's new entry itself: every layer of a row's cache grows at once where it can
+    grown = [cache.grow(p, hidden.dtype) for cache, p in zip(caches, positions)] if weights.native else [False] * rows
     for index, (layer, arguments) in enumerate(zip(weights.layers, weights.arguments)):
         kvs = [cache.layers[index] for cache in caches]
         if weights.native is not None:
             q = native_layer_step(weights.native[index], hidden, kvs, positions, row_pos, layer.window,
-                                  rotations[layer.rope])
+                                  rotations[layer.rope], grown)
         else:
             slots = [kv.reserve(row_pos[b], hidden.dtype, hidden.dtype) for b, kv in enumerate(kvs)]
             masks = [visible_entries(kv, p, layer.window) for kv, p in zip(kvs, positions)]
@@ -259,12 +261,14 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
 
 
 def native_layer_step(native: avx2.NativeLayer, hidden: torch.Tensor, kvs: list[LayerKV], positions: list[int],
-                      row_pos: list[torch.Tensor], window: int | None, rotation: tuple) -> torch.Tensor:
-    """One layer through avx2.c -> queries [B, Hq, D]. Each row's cache grows by its token (in place where it
-    can, LayerKV.grow) and avx2.c writes the new entries. rotation: cos, sin [B, D]."""
+                      row_pos: list[torch.Tensor], window: int | None, rotation: tuple,
+                      grown: list[bool]) -> torch.Tensor:
+    """One layer through avx2.c -> queries [B, Hq, D]. Each row's cache grows by its token (`grown[b]`: already,
+    with every layer, KVCache.grow; else here, in place where it can, LayerKV.grow) and avx2.c writes the new
+    entries. rotation: cos, sin [B, D]."""
     cos, sin = rotation
     for b, kv in enumerate(kvs):
-        if not kv.grow(positions[b], hidden.dtype):
+        if not grown[b] and not kv.grow(positions[b], hidden.dtype):
             kv.reserve(row_pos[b], hidden.dtype, hidden.dtype)
     return native(hidden, [avx2.row(kv, visible_entries(kv, positions[b], window), cos, sin, b)
                            for b, kv in enumerate(kvs)])
