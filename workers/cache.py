@@ -263,6 +263,12 @@ class KVCache:
         stack.positions[length] = position  # the layers' positions view shares it
         return True
 
+    def layer_stride(self) -> int | None:
+        """Elements from one layer's keys (and values) to the next layer's, while every layer lies in the one
+        stack grow keeps them in (no head masks: one row record can serve every layer, avx2.row), else None."""
+        stack = self._stack
+        return stack.keys.stride(0) if stack and stack.holds(self.layers) else None
+
     def num_tokens(self, layer: int = 0) -> int:
         current = self.layers[layer]
         return 0 if current is None else current.num_tokens

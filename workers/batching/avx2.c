@@ -176,6 +176,8 @@ typedef struct {          /* one row's cache for this layer (fp32) and its new e
     float *key_slot, *value_slot;  /* the new entry, kv head h at [h * slot_stride] */
     long long slot_stride;
     const float *cos, *sin;      /* [head_dim]: RoPE at the row's position */
+    long long layer_stride;      /* floats from one layer's keys, values and slots to the next's (every layer
+                                    of the row's cache in one buffer), 0 when the pointers are this layer's */
 } Row;
 
 static void rms_norm(const float *x, const float *weight, float eps, int n, float *out) {
@@ -344,7 +346,14 @@ static void silu_mul(const float *gate, const float *up, int n, float *out) {
 
 /* hidden [count, H] += attention and MLP of this layer; queries [count, heads, D] gets the rotated
  * (unscaled) queries. Same arithmetic order as workers/batching/layer.py's Llama form. */
-void ragkv_decode_layer(const Layer *L, float *hidden, const Row *rows, int count, float *queries) {
+void ragkv_decode_layer(const Layer *L, float *hidden, const Row *given, int count, int layer, float *queries) {
+    Row *rows = malloc(sizeof(Row) * count);  /* the rows' pointers at this layer */
+    for (int r = 0; r < count; r++) {
+        const size_t offset = (size_t)layer * given[r].layer_stride;
+        rows[r] = given[r];
+        rows[r].keys += offset; rows[r].values += offset;
+        rows[r].key_slot += offset; rows[r].value_slot += offset;
+    }
     const int H = L->hidden, heads = L->heads, kvh = L->kv_heads, D = L->head_dim, I = L->intermediate;
     const int width = (heads + 2 * kvh) * D, inputs = imax(imax(H, I), heads * D);  /* widest input */
     float *normed = malloc(sizeof(float) * (size_t)count * H);
@@ -387,7 +396,7 @@ void ragkv_decode_layer(const Layer *L, float *hidden, const Row *rows, int coun
     matvec_q(L->mats[3], L->formats[3], H, I, xq, count, out);
     for (size_t i = 0; i < (size_t)count * H; i++) hidden[i] += out[i];
 
-    free(normed); free(qkv); free(scaled); free(attn); free(out); free(acted); free(xq);
+    free(normed); free(qkv); free(scaled); free(attn); free(out); free(acted); free(xq); free(rows);
 }
 
 /* ---- packing: a fp32 matrix back into the GGUF blocks it was read from -----------------------------

@@ -45,7 +45,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                                  ctypes.c_int, ctypes.c_void_p]
     lib.ragkv_matvec.restype = None
     lib.ragkv_decode_layer.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                       ctypes.c_void_p]
+                                       ctypes.c_int, ctypes.c_void_p]
     lib.ragkv_decode_layer.restype = None
     lib.ragkv_pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     lib.ragkv_pack.restype = ctypes.c_int
@@ -114,7 +114,7 @@ class _Row(ctypes.Structure):
     _fields_ = [("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("kv_stride", ctypes.c_longlong),
                 ("tokens", ctypes.c_int), ("mask", ctypes.c_void_p), ("mask_stride", ctypes.c_longlong),
                 ("key_slot", ctypes.c_void_p), ("value_slot", ctypes.c_void_p), ("slot_stride", ctypes.c_longlong),
-                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p)]
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("layer_stride", ctypes.c_longlong)]
 
 
 @dataclass
@@ -149,8 +149,9 @@ class NativeLayer:
                              (ctypes.c_void_p * 4)(*[m.data.data_ptr() for m in mats]),
                              (ctypes.c_int * 4)(*[m.format for m in mats]))
 
-    def __call__(self, hidden: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
-        """hidden [B, hidden] fp32 (contiguous, updated in place), one row() per b -> queries [B, Hq, D]
+    def __call__(self, hidden: torch.Tensor, rows: list[_Row], layer: int) -> torch.Tensor:
+        """hidden [B, hidden] fp32 (contiguous, updated in place), one row() per b, this layer's index (a row
+        given once for every layer moves its pointers by layer x its layer_stride) -> queries [B, Hq, D]
         (rotated, unscaled)."""
         s = self.shape
         if hidden.dtype != torch.float32 or not hidden.is_contiguous():
@@ -158,15 +159,18 @@ class NativeLayer:
         queries = torch.empty(hidden.shape[0], s.heads, s.head_dim)
         array = (_Row * len(rows))(*rows)
         library().ragkv_decode_layer(ctypes.addressof(self.struct), hidden.data_ptr(), ctypes.addressof(array),
-                                     len(rows), queries.data_ptr())
+                                     len(rows), layer, queries.data_ptr())
         return queries
 
 
-def row(kv: LayerKV, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, b: int) -> _Row:
+def row(kv: LayerKV, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, b: int,
+        layer_stride: int = 0) -> _Row:
     """Row b's layer cache for avx2.c: kv (fp32, contiguous head_dim) already grown by the new token,
     whose entries the C layer writes: entry T - 1 of every kv head, or in the packed layout (keys
     [1, N, D]) the last kv_heads entries, head-major. mask [Hkv, T] bool or None; cos/sin [B, D]
-    contiguous. Every tensor must stay alive until the layer call returns."""
+    contiguous. layer_stride: elements from this layer's keys and values to the next layer's, where every
+    layer of the row's cache lies in one buffer (KVCache.layer_stride, no mask): then this row, built over
+    layer 0, serves every layer. Every tensor must stay alive until the layer call returns."""
     keys, values = kv.keys, kv.values
     strides = keys.stride()
     if keys.dtype != torch.float32 or values.dtype != torch.float32 or strides[-1] != 1 \
@@ -186,4 +190,4 @@ def row(kv: LayerKV, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Te
     offset = 4 * slot * dim
     return _Row(keys.data_ptr(), values.data_ptr(), kv_stride, tokens, mask_pointer, mask_stride,
                 keys.data_ptr() + offset, values.data_ptr() + offset, slot_stride,
-                cos.data_ptr() + 4 * b * cos.stride(0), sin.data_ptr() + 4 * b * sin.stride(0))
+                cos.data_ptr() + 4 * b * cos.stride(0), sin.data_ptr() + 4 * b * sin.stride(0), layer_stride)

@@ -241,13 +241,12 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
     else:
         rotations = [rope_matrix(pos, freqs.to(device), runner.rope_scale).to(hidden.dtype)  # per table [B, D, D]
                      for freqs in weights.rope_freqs]
-    # avx2.c writes each layer's new entry itself: every layer of a row's cache grows at once where it can
-    grown = [cache.grow(p, hidden.dtype) for cache, p in zip(caches, positions)] if weights.native else [False] * rows
+    shared = native_rows(caches, positions, hidden.dtype, rotations) if weights.native else None
     for index, (layer, arguments) in enumerate(zip(weights.layers, weights.arguments)):
         kvs = [cache.layers[index] for cache in caches]
         if weights.native is not None:
-            q = native_layer_step(weights.native[index], hidden, kvs, positions, row_pos, layer.window,
-                                  rotations[layer.rope], grown)
+            q = native_layer_step(weights.native[index], index, hidden, kvs, positions, row_pos, layer.window,
+                                  rotations[layer.rope], shared)
         else:
             slots = [kv.reserve(row_pos[b], hidden.dtype, hidden.dtype) for b, kv in enumerate(kvs)]
             masks = [visible_entries(kv, p, layer.window) for kv, p in zip(kvs, positions)]
@@ -260,18 +259,33 @@ def decode_step(runner, weights: DecodeWeights, token_ids: Sequence[int], positi
     return weights.lm_head(weights.final_norm(hidden)).float()
 
 
-def native_layer_step(native: avx2.NativeLayer, hidden: torch.Tensor, kvs: list[LayerKV], positions: list[int],
-                      row_pos: list[torch.Tensor], window: int | None, rotation: tuple,
-                      grown: list[bool]) -> torch.Tensor:
-    """One layer through avx2.c -> queries [B, Hq, D]. Each row's cache grows by its token (`grown[b]`: already,
-    with every layer, KVCache.grow; else here, in place where it can, LayerKV.grow) and avx2.c writes the new
-    entries. rotation: cos, sin [B, D]."""
+def native_rows(caches: Sequence[KVCache], positions: list[int], dtype: torch.dtype,
+                rotations: list[tuple]) -> list:
+    """Per row, avx2.c's record of its cache for every layer at once, or None (the row goes layer by layer).
+    A row whose layers all grow together (KVCache.grow: one buffer, no head masks) is one record over layer 0
+    that the C layer moves by the layer stride: one record a row a step instead of one a layer. avx2.c serves
+    plain Llama layers only (native_refusal): one RoPE table, no sliding window."""
+    (cos, sin), shared = rotations[0], []
+    for b, (cache, position) in enumerate(zip(caches, positions)):
+        stride = cache.layer_stride() if cache.grow(position, dtype) else None
+        shared.append(None if stride is None else avx2.row(cache.layers[0], None, cos, sin, b, stride))
+    return shared
+
+
+def native_layer_step(native: avx2.NativeLayer, index: int, hidden: torch.Tensor, kvs: list[LayerKV],
+                      positions: list[int], row_pos: list[torch.Tensor], window: int | None, rotation: tuple,
+                      shared: list) -> torch.Tensor:
+    """Layer `index` through avx2.c -> queries [B, Hq, D]. A row with a `shared` record has grown already
+    (native_rows); the others grow by their token here (in place where they can, LayerKV.grow) and get this
+    layer's record. avx2.c writes the new entries. rotation: cos, sin [B, D]."""
     cos, sin = rotation
+    rows = list(shared)
     for b, kv in enumerate(kvs):
-        if not grown[b] and not kv.grow(positions[b], hidden.dtype):
-            kv.reserve(row_pos[b], hidden.dtype, hidden.dtype)
-    return native(hidden, [avx2.row(kv, visible_entries(kv, positions[b], window), cos, sin, b)
-                           for b, kv in enumerate(kvs)])
+        if rows[b] is None:
+            if not kv.grow(positions[b], hidden.dtype):
+                kv.reserve(row_pos[b], hidden.dtype, hidden.dtype)
+            rows[b] = avx2.row(kv, visible_entries(kv, positions[b], window), cos, sin, b)
+    return native(hidden, rows, index)
 
 
 def visible_entries(kv: LayerKV, position: int, window: int | None) -> torch.Tensor | None:
