@@ -8,7 +8,7 @@ import json
 import sys
 
 from ragkv.bench.quality.presets import PRESETS  # names only: no torch
-from ragkv.commands.errors import checked_by, checked_model
+from ragkv.commands.errors import checked_by, checked_model, number_in
 from workers.model import MODEL_HELP
 from workers.projections import prefill_kernel_names
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-kernel", choices=prefill_kernel_names(),
                         help="blend, quality: the prefill projections (default: the engine's)")
     parser.add_argument("--max-batch", type=_positive, help="serve: the batched server's --max-batch (default 16)")
-    parser.add_argument("--recompute-ratio", type=_ratio, metavar="R",
+    parser.add_argument("--recompute-ratio", type=number_in(0, 1), metavar="R",
                         help="serve: both servers' --recompute-ratio (default: the server's, served exactly)")
     parser.add_argument("--api", choices=("grpc", "http"), default="grpc",
                         help="serve: http = TTFT through the OpenAI-compatible HTTP API beside gRPC, in one run")
@@ -80,16 +80,6 @@ def _parse_setting(text: str):
 
 _configs = checked_by(_parse_config)
 _setting = checked_by(_parse_setting)
-
-
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
 
 
 def _positive(text: str) -> int:

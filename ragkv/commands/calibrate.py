@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from ragkv.commands.errors import checked_by, checked_model, flag_error
+from ragkv.commands.errors import checked_by, checked_model, flag_error, number_in
 from workers.model import MODEL_HELP
 
 
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", default=None, type=_existing_file,
                         help="JSONL of logged requests {question, chunks, system_prompt}: calibrate on them")
     parser.add_argument("--namespace", default="", help="with --requests: the namespace the ratio is for")
-    parser.add_argument("--target", default=0.9, type=_fraction,
+    parser.add_argument("--target", default=0.9, type=number_in(0, 1, low_open=True),
                         help="with --requests: the agreement with full to reach (default 0.9)")
 
 
@@ -54,16 +54,6 @@ def _existing_file(text: str) -> str:
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"no such file: {text!r}")
     return text
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
 
 
 def _ratios(text: str) -> str:

@@ -46,3 +46,17 @@ def checked_by(parse: Callable[[str], object]) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(str(e)) from None
         return text
     return check
+
+
+def number_in(low: float, high: float, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a number in [low, high] (`low_open`: (low, high]), else one line saying so."""
+    def check(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (low < value <= high if low_open else low <= value <= high):
+            raise argparse.ArgumentTypeError(f"expected a number in {'(' if low_open else '['}{low:g}, {high:g}], "
+                                             f"got {text!r}")
+        return value
+    return check

@@ -83,7 +83,7 @@ def test_bad_flags_print_one_line_and_exit_2(flags, named, capsys, monkeypatch):
                                   ["bench", "serve", "--recompute-ratio", "x"],
                                   ["bench", "quality", "--configs", "blend:nope@0.1"],
                                   ["calibrate", "--methods", "deviation,nope"], ["calibrate", "--ratios", "0.1,x"],
-                                  ["calibrate", "--ratios", "1.5"]])
+                                  ["calibrate", "--ratios", "1.5"], ["calibrate", "--target", "0"]])
 def test_argparse_errors_are_one_line_and_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
